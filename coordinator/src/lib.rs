@@ -1,0 +1,1 @@
+//! The dtx coordinator.

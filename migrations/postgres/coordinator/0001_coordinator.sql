@@ -1,0 +1,51 @@
+-- The coordinator's state. Every change is a conditional update (expected status and/or the
+-- fencing epoch), so a stale worker can never move a transaction backwards.
+--
+-- dtx_global: one row per global transaction (TCC or saga).
+--   status       TRYING, COMMITTING, COMMITTED, ROLLING_BACK, ROLLED_BACK (TCC);
+--                RUNNING, SUCCEEDED, COMPENSATING, COMPENSATED (saga); NEEDS_ATTENTION
+--   decision     commit | rollback | compensate, once decided
+--   spec         saga: the canonical encoding of the submitted definition (dtx.v1.SubmitSagaRequest)
+--   branch_count TCC: registered branches (bounded by the branch limit under the row lock)
+--   owner/epoch  the coordinator instance driving it; epoch grows on every claim and fences writes
+--   due_ms       when recovery must look at it (deadline of an undecided TCC, lease expiry or
+--                next retry of one being driven); NULL once settled
+--
+-- dtx_branch: TCC branches (inserted by RegisterBranch) and the recorded progress of saga steps
+-- (written when a saga turns to compensation, retries slowly, or finishes).
+
+CREATE TABLE IF NOT EXISTS dtx_global (
+    xid          VARCHAR(128) NOT NULL PRIMARY KEY,
+    kind         VARCHAR(8)   NOT NULL,
+    status       VARCHAR(16)  NOT NULL,
+    decision     VARCHAR(16)  NULL,
+    timeout_ms   BIGINT       NOT NULL,
+    deadline_ms  BIGINT       NOT NULL,
+    spec         BYTEA        NULL,
+    branch_count BIGINT       NOT NULL DEFAULT 0,
+    owner        VARCHAR(64)  NULL,
+    epoch        BIGINT       NOT NULL DEFAULT 0,
+    due_ms       BIGINT       NULL,
+    last_error   TEXT         NULL,
+    created_ms   BIGINT       NOT NULL,
+    updated_ms   BIGINT       NOT NULL
+);
+CREATE INDEX IF NOT EXISTS dtx_global_due ON dtx_global (due_ms);
+CREATE INDEX IF NOT EXISTS dtx_global_status_updated ON dtx_global (status, updated_ms);
+
+CREATE TABLE IF NOT EXISTS dtx_branch (
+    xid             VARCHAR(128) NOT NULL,
+    branch_id       VARCHAR(64)  NOT NULL,
+    seq             BIGINT       NOT NULL,
+    target          VARCHAR(512) NOT NULL,
+    handler         VARCHAR(128) NOT NULL,
+    payload         BYTEA        NULL,
+    headers         BYTEA        NULL,
+    call_timeout_ms BIGINT       NOT NULL DEFAULT 0,
+    status          VARCHAR(16)  NOT NULL,
+    attempts        BIGINT       NOT NULL DEFAULT 0,
+    last_error      TEXT         NULL,
+    result          BYTEA        NULL,
+    updated_ms      BIGINT       NOT NULL,
+    PRIMARY KEY (xid, branch_id)
+);

@@ -1,0 +1,612 @@
+//! The SQL side of dtx, shared by the coordinator's store and the participant SDK.
+//!
+//! * The **schema** of every store in every dialect lives next to this crate as plain SQL files
+//!   (`postgres/`, `mysql/`, `sqlite/`, one folder per schema) and is embedded here;
+//!   [`Backend::migrate`] applies one schema, tracking it in its own `dtx_migrations_<schema>`
+//!   table so the coordinator and participant schemas can share a database.
+//! * A small **dialect layer**: stores are written once against [`Conn`] (execute / fetch with
+//!   positional `?` arguments and typed row getters) and run on PostgreSQL, MySQL/MariaDB and
+//!   SQLite. SQL that differs between dialects is chosen with [`Sql`]; everything else is
+//!   written once with `?` placeholders (translated to `$n` for PostgreSQL, never inside string
+//!   literals - our SQL has no `?` in literals).
+//!
+//! Why not sqlx's `Any` driver: it has no placeholder translation and drops types; why not
+//! generic code over `sqlx::Database`: the trait bounds it needs are not implied and would have to
+//! be repeated on every function.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::str::FromStr;
+use std::sync::{LazyLock, RwLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use sqlx::migrate::Migrator;
+use sqlx::pool::PoolOptions;
+use sqlx::{Pool, Row as _, Transaction};
+
+pub use sqlx;
+
+/// Which SQL dialect a connection speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    Postgres,
+    MySql,
+    Sqlite,
+}
+
+/// One positional argument of a statement.
+#[derive(Debug, Clone, Copy)]
+pub enum Arg<'a> {
+    Null,
+    I64(i64),
+    Str(&'a str),
+    Bytes(&'a [u8]),
+}
+
+impl From<i64> for Arg<'_> {
+    fn from(v: i64) -> Self {
+        Arg::I64(v)
+    }
+}
+impl<'a> From<&'a str> for Arg<'a> {
+    fn from(v: &'a str) -> Self {
+        Arg::Str(v)
+    }
+}
+impl<'a> From<&'a String> for Arg<'a> {
+    fn from(v: &'a String) -> Self {
+        Arg::Str(v)
+    }
+}
+impl<'a> From<&'a [u8]> for Arg<'a> {
+    fn from(v: &'a [u8]) -> Self {
+        Arg::Bytes(v)
+    }
+}
+impl<'a> From<&'a Vec<u8>> for Arg<'a> {
+    fn from(v: &'a Vec<u8>) -> Self {
+        Arg::Bytes(v)
+    }
+}
+impl<'a, T: Into<Arg<'a>>> From<Option<T>> for Arg<'a> {
+    fn from(v: Option<T>) -> Self {
+        v.map_or(Arg::Null, Into::into)
+    }
+}
+
+/// Builds a `&[Arg]` from expressions convertible into [`Arg`].
+#[macro_export]
+macro_rules! args {
+    ($($value:expr),* $(,)?) => { &[$($crate::Arg::from($value)),*] };
+}
+
+/// Typed column getters of a result row (by position).
+pub trait SqlRow: Send {
+    fn i64(&self, idx: usize) -> Result<i64, sqlx::Error>;
+    fn opt_i64(&self, idx: usize) -> Result<Option<i64>, sqlx::Error>;
+    fn text(&self, idx: usize) -> Result<String, sqlx::Error>;
+    fn opt_text(&self, idx: usize) -> Result<Option<String>, sqlx::Error>;
+    fn bytes(&self, idx: usize) -> Result<Vec<u8>, sqlx::Error>;
+    fn opt_bytes(&self, idx: usize) -> Result<Option<Vec<u8>>, sqlx::Error>;
+}
+
+/// A database connection (usually inside a transaction) that stores are written against.
+pub trait Conn: Send {
+    const DIALECT: Dialect;
+    type Row: SqlRow;
+
+    /// Runs a statement; returns the affected (for MySQL: matched) row count.
+    fn execute<'a>(
+        &'a mut self,
+        sql: &'static str,
+        args: &'a [Arg<'a>],
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a;
+
+    fn fetch_optional<'a>(
+        &'a mut self,
+        sql: &'static str,
+        args: &'a [Arg<'a>],
+    ) -> impl Future<Output = Result<Option<Self::Row>, sqlx::Error>> + Send + 'a;
+
+    fn fetch_all<'a>(
+        &'a mut self,
+        sql: &'static str,
+        args: &'a [Arg<'a>],
+    ) -> impl Future<Output = Result<Vec<Self::Row>, sqlx::Error>> + Send + 'a;
+
+    /// Runs argument-free SQL over the simple (text) protocol: savepoints, session settings,
+    /// several statements separated by `;`.
+    fn execute_raw<'a>(
+        &'a mut self,
+        sql: &'static str,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
+
+    /// Like [`Conn::execute`] for SQL built at run time (e.g. a multi-row insert of n rows).
+    /// The caller guarantees the text contains no user input, only placeholders.
+    fn execute_dynamic<'a>(
+        &'a mut self,
+        sql: String,
+        args: &'a [Arg<'a>],
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a;
+}
+
+/// SQL text that differs between dialects.
+#[derive(Debug, Clone, Copy)]
+pub struct Sql {
+    pub postgres: &'static str,
+    pub mysql: &'static str,
+    pub sqlite: &'static str,
+}
+
+impl Sql {
+    /// The same text for every dialect.
+    pub const fn same(sql: &'static str) -> Self {
+        Sql {
+            postgres: sql,
+            mysql: sql,
+            sqlite: sql,
+        }
+    }
+
+    pub const fn pick(&self, dialect: Dialect) -> &'static str {
+        match dialect {
+            Dialect::Postgres => self.postgres,
+            Dialect::MySql => self.mysql,
+            Dialect::Sqlite => self.sqlite,
+        }
+    }
+}
+
+/// `INSERT ... ` that silently does nothing when the row's unique key exists: `ON CONFLICT DO
+/// NOTHING` (PostgreSQL, SQLite) or `INSERT IGNORE` (MySQL). The affected row count tells
+/// whether this statement inserted the row. MySQL's IGNORE would also turn data errors into
+/// warnings, which is why every value is validated against the column sizes before it gets here.
+#[macro_export]
+macro_rules! insert_ignore {
+    ($into:literal) => {
+        $crate::Sql {
+            postgres: concat!("INSERT INTO ", $into, " ON CONFLICT DO NOTHING"),
+            mysql: concat!("INSERT IGNORE INTO ", $into),
+            sqlite: concat!("INSERT INTO ", $into, " ON CONFLICT DO NOTHING"),
+        }
+    };
+}
+
+/// Rewrites `?` placeholders as `$1, $2, ...` for PostgreSQL, once per distinct statement.
+fn postgres_sql(sql: &'static str) -> &'static str {
+    static CACHE: LazyLock<RwLock<HashMap<usize, &'static str>>> = LazyLock::new(Default::default);
+    let key = sql.as_ptr() as usize ^ (sql.len() << 48);
+    if let Some(found) = CACHE.read().expect("sql cache").get(&key) {
+        return found;
+    }
+    let translated: &'static str = Box::leak(numbered_placeholders(sql).into_boxed_str());
+    CACHE.write().expect("sql cache").insert(key, translated);
+    translated
+}
+
+fn numbered_placeholders(sql: &str) -> String {
+    let mut out = String::with_capacity(sql.len() + 16);
+    let mut n = 0;
+    for c in sql.chars() {
+        if c == '?' {
+            n += 1;
+            out.push('$');
+            out.push_str(&n.to_string());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+macro_rules! bind_args {
+    ($query:expr, $args:expr) => {{
+        let mut q = $query;
+        for arg in $args {
+            q = match *arg {
+                Arg::Null => q.bind(None::<i64>),
+                Arg::I64(v) => q.bind(v),
+                Arg::Str(v) => q.bind(v),
+                Arg::Bytes(v) => q.bind(v),
+            };
+        }
+        q
+    }};
+}
+
+macro_rules! impl_conn {
+    ($conn:ty, $db:ty, $row:ty, $dialect:expr, $translate:expr) => {
+        impl SqlRow for $row {
+            fn i64(&self, idx: usize) -> Result<i64, sqlx::Error> {
+                self.try_get(idx)
+            }
+            fn opt_i64(&self, idx: usize) -> Result<Option<i64>, sqlx::Error> {
+                self.try_get(idx)
+            }
+            fn text(&self, idx: usize) -> Result<String, sqlx::Error> {
+                self.try_get(idx)
+            }
+            fn opt_text(&self, idx: usize) -> Result<Option<String>, sqlx::Error> {
+                self.try_get(idx)
+            }
+            fn bytes(&self, idx: usize) -> Result<Vec<u8>, sqlx::Error> {
+                self.try_get(idx)
+            }
+            fn opt_bytes(&self, idx: usize) -> Result<Option<Vec<u8>>, sqlx::Error> {
+                self.try_get(idx)
+            }
+        }
+
+        impl Conn for $conn {
+            const DIALECT: Dialect = $dialect;
+            type Row = $row;
+
+            fn execute<'a>(
+                &'a mut self,
+                sql: &'static str,
+                args: &'a [Arg<'a>],
+            ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a {
+                async move {
+                    let sql: &'static str = $translate(sql);
+                    let q = bind_args!(sqlx::query::<$db>(sql), args);
+                    Ok(q.execute(&mut *self).await?.rows_affected())
+                }
+            }
+
+            fn fetch_optional<'a>(
+                &'a mut self,
+                sql: &'static str,
+                args: &'a [Arg<'a>],
+            ) -> impl Future<Output = Result<Option<$row>, sqlx::Error>> + Send + 'a {
+                async move {
+                    let sql: &'static str = $translate(sql);
+                    let q = bind_args!(sqlx::query::<$db>(sql), args);
+                    q.fetch_optional(&mut *self).await
+                }
+            }
+
+            fn fetch_all<'a>(
+                &'a mut self,
+                sql: &'static str,
+                args: &'a [Arg<'a>],
+            ) -> impl Future<Output = Result<Vec<$row>, sqlx::Error>> + Send + 'a {
+                async move {
+                    let sql: &'static str = $translate(sql);
+                    let q = bind_args!(sqlx::query::<$db>(sql), args);
+                    q.fetch_all(&mut *self).await
+                }
+            }
+
+            fn execute_raw<'a>(
+                &'a mut self,
+                sql: &'static str,
+            ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a {
+                async move {
+                    sqlx::raw_sql(sql).execute(&mut *self).await?;
+                    Ok(())
+                }
+            }
+
+            fn execute_dynamic<'a>(
+                &'a mut self,
+                sql: String,
+                args: &'a [Arg<'a>],
+            ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a {
+                async move {
+                    let sql = if $dialect == Dialect::Postgres {
+                        numbered_placeholders(&sql)
+                    } else {
+                        sql
+                    };
+                    let q = bind_args!(sqlx::query::<$db>(sqlx::AssertSqlSafe(sql)), args);
+                    Ok(q.execute(&mut *self).await?.rows_affected())
+                }
+            }
+        }
+    };
+}
+
+fn unchanged(sql: &'static str) -> &'static str {
+    sql
+}
+
+impl_conn!(
+    sqlx::PgConnection,
+    sqlx::Postgres,
+    sqlx::postgres::PgRow,
+    Dialect::Postgres,
+    postgres_sql
+);
+impl_conn!(
+    sqlx::MySqlConnection,
+    sqlx::MySql,
+    sqlx::mysql::MySqlRow,
+    Dialect::MySql,
+    unchanged
+);
+impl_conn!(
+    sqlx::SqliteConnection,
+    sqlx::Sqlite,
+    sqlx::sqlite::SqliteRow,
+    Dialect::Sqlite,
+    unchanged
+);
+
+/// The schemas dtx keeps, each migrated and versioned independently.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Schema {
+    /// The coordinator's global transactions and branches.
+    Coordinator,
+    /// The participant's branch barrier table.
+    Barrier,
+    /// The participant's general idempotency records.
+    Idempotency,
+}
+
+impl Schema {
+    fn table(self) -> &'static str {
+        match self {
+            Schema::Coordinator => "dtx_migrations_coordinator",
+            Schema::Barrier => "dtx_migrations_barrier",
+            Schema::Idempotency => "dtx_migrations_idempotency",
+        }
+    }
+}
+
+fn with_table(mut migrator: Migrator, schema: Schema) -> Migrator {
+    migrator.dangerous_set_table_name(schema.table());
+    migrator
+}
+
+macro_rules! migrators {
+    ($coordinator:literal, $barrier:literal, $idempotency:literal) => {
+        |schema: Schema| -> Migrator {
+            let migrator = match schema {
+                Schema::Coordinator => sqlx::migrate!($coordinator),
+                Schema::Barrier => sqlx::migrate!($barrier),
+                Schema::Idempotency => sqlx::migrate!($idempotency),
+            };
+            with_table(migrator, schema)
+        }
+    };
+}
+
+/// A database dtx runs on: PostgreSQL, MySQL/MariaDB or SQLite (`sqlx::Postgres`,
+/// `sqlx::MySql`, `sqlx::Sqlite`).
+pub trait Backend: sqlx::Database + Sized {
+    /// The connection type stores are written against.
+    type Conn: Conn;
+
+    /// Borrows the connection of a transaction.
+    fn conn<'t>(tx: &'t mut Transaction<'static, Self>) -> &'t mut Self::Conn;
+
+    /// Begins a transaction the way dtx needs it: `BEGIN IMMEDIATE` on SQLite (so a transaction
+    /// that reads before it writes cannot fail with SQLITE_BUSY on the upgrade), READ COMMITTED
+    /// on MySQL (no gap locks from the duplicate-key checks of other transactions' reads).
+    fn begin(
+        pool: &Pool<Self>,
+    ) -> impl Future<Output = Result<Transaction<'static, Self>, sqlx::Error>> + Send;
+
+    /// Opens a pool with dtx's connection settings.
+    fn connect(
+        url: &str,
+        max_connections: u32,
+    ) -> impl Future<Output = Result<Pool<Self>, sqlx::Error>> + Send;
+
+    /// Runs SQL built at run time outside any transaction over the simple protocol (DDL,
+    /// `CREATE DATABASE`, session setup). The caller guarantees the text is trusted.
+    fn execute_script(
+        pool: &Pool<Self>,
+        sql: String,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+
+    /// Applies `schema`'s migrations (idempotent, safe to run from several processes at once).
+    fn migrate(
+        pool: &Pool<Self>,
+        schema: Schema,
+    ) -> impl Future<Output = Result<(), sqlx::migrate::MigrateError>> + Send;
+}
+
+impl Backend for sqlx::Postgres {
+    async fn execute_script(pool: &Pool<Self>, sql: String) -> Result<(), sqlx::Error> {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+            .execute(pool)
+            .await?;
+        Ok(())
+    }
+
+    type Conn = sqlx::PgConnection;
+
+    fn conn<'t>(tx: &'t mut Transaction<'static, Self>) -> &'t mut Self::Conn {
+        tx
+    }
+
+    async fn begin(pool: &Pool<Self>) -> Result<Transaction<'static, Self>, sqlx::Error> {
+        pool.begin().await
+    }
+
+    async fn connect(url: &str, max_connections: u32) -> Result<Pool<Self>, sqlx::Error> {
+        let options = sqlx::postgres::PgConnectOptions::from_str(url)?;
+        pool_options(max_connections).connect_with(options).await
+    }
+
+    async fn migrate(pool: &Pool<Self>, schema: Schema) -> Result<(), sqlx::migrate::MigrateError> {
+        migrators!(
+            "postgres/coordinator",
+            "postgres/barrier",
+            "postgres/idempotency"
+        )(schema)
+        .run(pool)
+        .await
+    }
+}
+
+impl Backend for sqlx::MySql {
+    async fn execute_script(pool: &Pool<Self>, sql: String) -> Result<(), sqlx::Error> {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+            .execute(pool)
+            .await?;
+        Ok(())
+    }
+
+    type Conn = sqlx::MySqlConnection;
+
+    fn conn<'t>(tx: &'t mut Transaction<'static, Self>) -> &'t mut Self::Conn {
+        tx
+    }
+
+    async fn begin(pool: &Pool<Self>) -> Result<Transaction<'static, Self>, sqlx::Error> {
+        pool.begin_with("SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION")
+            .await
+    }
+
+    async fn connect(url: &str, max_connections: u32) -> Result<Pool<Self>, sqlx::Error> {
+        let options = sqlx::mysql::MySqlConnectOptions::from_str(url)?;
+        pool_options(max_connections).connect_with(options).await
+    }
+
+    async fn migrate(pool: &Pool<Self>, schema: Schema) -> Result<(), sqlx::migrate::MigrateError> {
+        migrators!("mysql/coordinator", "mysql/barrier", "mysql/idempotency")(schema)
+            .run(pool)
+            .await
+    }
+}
+
+impl Backend for sqlx::Sqlite {
+    async fn execute_script(pool: &Pool<Self>, sql: String) -> Result<(), sqlx::Error> {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+            .execute(pool)
+            .await?;
+        Ok(())
+    }
+
+    type Conn = sqlx::SqliteConnection;
+
+    fn conn<'t>(tx: &'t mut Transaction<'static, Self>) -> &'t mut Self::Conn {
+        tx
+    }
+
+    async fn begin(pool: &Pool<Self>) -> Result<Transaction<'static, Self>, sqlx::Error> {
+        pool.begin_with("BEGIN IMMEDIATE").await
+    }
+
+    async fn connect(url: &str, max_connections: u32) -> Result<Pool<Self>, sqlx::Error> {
+        use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
+        let options = SqliteConnectOptions::from_str(url)?
+            .create_if_missing(true)
+            // WAL lets readers run beside the single writer; FULL keeps every commit durable
+            // across power loss, which a coordinator's decisions need.
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Full)
+            .busy_timeout(Duration::from_secs(30))
+            .foreign_keys(true);
+        pool_options(max_connections).connect_with(options).await
+    }
+
+    async fn migrate(pool: &Pool<Self>, schema: Schema) -> Result<(), sqlx::migrate::MigrateError> {
+        migrators!("sqlite/coordinator", "sqlite/barrier", "sqlite/idempotency")(schema)
+            .run(pool)
+            .await
+    }
+}
+
+fn pool_options<DB: sqlx::Database>(max_connections: u32) -> PoolOptions<DB> {
+    PoolOptions::new()
+        .max_connections(max_connections.max(1))
+        .acquire_timeout(Duration::from_secs(10))
+}
+
+/// Which database a URL names, by scheme.
+pub fn dialect_of_url(url: &str) -> Option<Dialect> {
+    let scheme = url.split(':').next()?;
+    match scheme {
+        "postgres" | "postgresql" => Some(Dialect::Postgres),
+        "mysql" | "mariadb" => Some(Dialect::MySql),
+        "sqlite" => Some(Dialect::Sqlite),
+        _ => None,
+    }
+}
+
+/// The unique key of the row already exists.
+pub fn is_unique_violation(err: &sqlx::Error) -> bool {
+    matches!(err, sqlx::Error::Database(db) if db.is_unique_violation())
+}
+
+/// The transaction lost a lock conflict (deadlock, serialization failure, lock wait timeout,
+/// SQLite busy) and rolled back: running it again is safe and will usually succeed.
+pub fn is_lock_conflict(err: &sqlx::Error) -> bool {
+    let sqlx::Error::Database(db) = err else {
+        return false;
+    };
+    let Some(code) = db.code() else {
+        return false;
+    };
+    match code.as_ref() {
+        // PostgreSQL: serialization_failure, deadlock_detected, lock_not_available.
+        "40001" | "40P01" | "55P03" => true,
+        // MySQL/MariaDB: deadlock, lock wait timeout.
+        "1213" | "1205" => true,
+        // SQLite: SQLITE_BUSY / SQLITE_LOCKED and their extended codes.
+        c => c.parse::<i32>().is_ok_and(|n| matches!(n & 0xff, 5 | 6)),
+    }
+}
+
+/// The database could not be reached or the connection broke: the outcome of an in-flight
+/// commit is unknown.
+pub fn is_connection_error(err: &sqlx::Error) -> bool {
+    matches!(
+        err,
+        sqlx::Error::Io(_)
+            | sqlx::Error::PoolTimedOut
+            | sqlx::Error::PoolClosed
+            | sqlx::Error::WorkerCrashed
+            | sqlx::Error::Tls(_)
+            | sqlx::Error::Protocol(_)
+    )
+}
+
+/// Milliseconds since the Unix epoch; every dtx timestamp column holds this (BIGINT), which
+/// keeps the three dialects identical.
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn postgres_placeholders_are_numbered_once_per_statement() {
+        assert_eq!(
+            numbered_placeholders("UPDATE t SET a = ? WHERE b = ? AND c = ?"),
+            "UPDATE t SET a = $1 WHERE b = $2 AND c = $3"
+        );
+        let sql = "SELECT ? FROM x WHERE y = ?";
+        assert_eq!(postgres_sql(sql), "SELECT $1 FROM x WHERE y = $2");
+        assert!(std::ptr::eq(postgres_sql(sql), postgres_sql(sql)));
+    }
+
+    #[test]
+    fn urls_name_their_dialect() {
+        assert_eq!(dialect_of_url("postgres://x/y"), Some(Dialect::Postgres));
+        assert_eq!(dialect_of_url("mysql://root@h/db"), Some(Dialect::MySql));
+        assert_eq!(dialect_of_url("sqlite://dtx.db"), Some(Dialect::Sqlite));
+        assert_eq!(dialect_of_url("redis://x"), None);
+    }
+
+    #[test]
+    fn insert_ignore_differs_per_dialect() {
+        let sql = insert_ignore!("t (a) VALUES (?)");
+        assert_eq!(
+            sql.pick(Dialect::MySql),
+            "INSERT IGNORE INTO t (a) VALUES (?)"
+        );
+        assert_eq!(
+            sql.pick(Dialect::Postgres),
+            "INSERT INTO t (a) VALUES (?) ON CONFLICT DO NOTHING"
+        );
+    }
+}

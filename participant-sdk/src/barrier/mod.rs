@@ -1,0 +1,367 @@
+//! The branch barrier: makes repeated, concurrent and out-of-order branch calls safe.
+//!
+//! Every branch call writes a row keyed by (xid, branch_id, action) into `dtx_barrier` *inside
+//! the same local transaction as the business change*. The unique key, not a prior check, decides
+//! what happens:
+//!
+//! | call                         | row insert                       | answer                          |
+//! |------------------------------|----------------------------------|---------------------------------|
+//! | Try/Action, first            | own row inserted                 | run the handler, store outcome  |
+//! | Try/Action, repeat           | own row exists                   | stored first outcome and result |
+//! | Try/Action after Cancel      | row exists, written by Cancel    | rejected (suspended), no effect |
+//! | Confirm, first               | own row inserted                 | run the handler                 |
+//! | Confirm/Cancel/Comp., repeat | own row exists                   | success, no effect              |
+//! | Cancel before Try            | Try's row inserted *by Cancel*   | success (empty rollback)        |
+//! | Cancel of a refused Try      | Try's row says failure           | success, nothing to undo        |
+//!
+//! Concurrent duplicates wait on the unique key of the first one and then see its committed row.
+//! On MySQL/MariaDB the barrier uses `INSERT IGNORE` plus locking reads of rows that exist,
+//! never `SELECT ... FOR UPDATE` on a missing row, so REPEATABLE READ gap locks cannot deadlock
+//! two inserters; [`crate::server`] additionally runs its transactions at READ COMMITTED and
+//! retries the rare deadlock victim.
+//!
+//! Use it directly with [`call`] inside your own transaction, or let
+//! [`crate::server::ParticipantServer`] do it for every gRPC branch call.
+
+mod sql;
+
+use std::fmt;
+
+use dtx_proto::limits;
+use dtx_proto::v1::BranchAction;
+use dtx_sql::{Conn, now_ms};
+use futures::future::BoxFuture;
+
+pub use sql::purge_older_than;
+
+use crate::Error;
+
+/// The action of a branch call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Action {
+    Try,
+    Confirm,
+    Cancel,
+    /// A saga step's forward action.
+    Action,
+    /// A saga step's compensation.
+    Compensate,
+}
+
+impl Action {
+    /// The name stored in `dtx_barrier.action`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::Try => "try",
+            Action::Confirm => "confirm",
+            Action::Cancel => "cancel",
+            Action::Action => "action",
+            Action::Compensate => "compensate",
+        }
+    }
+
+    /// Try and Action run business code whose outcome repeats must get back.
+    pub fn is_forward(self) -> bool {
+        matches!(self, Action::Try | Action::Action)
+    }
+
+    /// The forward action a Cancel/Compensate undoes.
+    pub fn undoes(self) -> Option<Action> {
+        match self {
+            Action::Cancel => Some(Action::Try),
+            Action::Compensate => Some(Action::Action),
+            _ => None,
+        }
+    }
+
+    /// Converts the wire enum; `None` for `UNSPECIFIED` or unknown values.
+    pub fn from_wire(value: i32) -> Option<Action> {
+        match BranchAction::try_from(value).ok()? {
+            BranchAction::Try => Some(Action::Try),
+            BranchAction::Confirm => Some(Action::Confirm),
+            BranchAction::Cancel => Some(Action::Cancel),
+            BranchAction::Action => Some(Action::Action),
+            BranchAction::Compensate => Some(Action::Compensate),
+            BranchAction::Unspecified => None,
+        }
+    }
+
+    pub fn to_wire(self) -> BranchAction {
+        match self {
+            Action::Try => BranchAction::Try,
+            Action::Confirm => BranchAction::Confirm,
+            Action::Cancel => BranchAction::Cancel,
+            Action::Action => BranchAction::Action,
+            Action::Compensate => BranchAction::Compensate,
+        }
+    }
+}
+
+impl fmt::Display for Action {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Identifies one branch call: the barrier's unique key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BranchKey<'a> {
+    pub xid: &'a str,
+    pub branch_id: &'a str,
+    pub action: Action,
+}
+
+impl<'a> BranchKey<'a> {
+    /// Checks the ids against the contract's limits (they must fit the barrier's key columns).
+    pub fn new(xid: &'a str, branch_id: &'a str, action: Action) -> Result<Self, Error> {
+        limits::check_xid(xid)?;
+        limits::check_branch_id("branch_id", branch_id)?;
+        Ok(BranchKey {
+            xid,
+            branch_id,
+            action,
+        })
+    }
+}
+
+/// What a handler decided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reply {
+    /// Done; the payload is the result repeats get back (Try/Action).
+    Success(Vec<u8>),
+    /// An explicit business refusal: the handler's changes are undone and the refusal is
+    /// recorded, so repeats get the same answer. Only meaningful for Try/Action; from
+    /// Confirm/Cancel/Compensate it parks the transaction for an operator.
+    Failure(Vec<u8>),
+}
+
+impl Reply {
+    /// Success with an empty result.
+    pub fn ok() -> Self {
+        Reply::Success(Vec::new())
+    }
+
+    /// A refusal carrying a human-readable reason.
+    pub fn refuse(reason: impl Into<String>) -> Self {
+        Reply::Failure(reason.into().into_bytes())
+    }
+}
+
+/// Why the barrier answered as it did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Detail {
+    /// The handler ran in this call.
+    Executed,
+    /// A repeat, answered from the stored first outcome (or, for Confirm/Cancel/Compensate,
+    /// simply acknowledged).
+    Duplicate,
+    /// Cancel/Compensate before its Try/Action: recorded, and the late Try/Action is blocked.
+    EmptyRollback,
+    /// Try/Action after its Cancel/Compensate: rejected without effect.
+    Suspended,
+    /// Cancel/Compensate of a Try/Action that was refused: nothing to undo.
+    NothingToUndo,
+    /// Confirm of a Try that never succeeded: refused, nothing recorded (a protocol violation
+    /// an operator must look at).
+    OutOfOrder,
+}
+
+/// The barrier's answer to one branch call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answer {
+    pub reply: Reply,
+    pub detail: Detail,
+}
+
+impl Answer {
+    fn new(reply: Reply, detail: Detail) -> Self {
+        Answer { reply, detail }
+    }
+
+    pub fn is_success(&self) -> bool {
+        matches!(self.reply, Reply::Success(_))
+    }
+}
+
+/// A handler error: the business change could not be made now (or its outcome is unknown).
+/// The caller must roll back the whole local transaction; the branch call will be retried.
+pub type HandlerError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The stored row of a Try/Action, as far as the barrier needs it.
+#[derive(Debug)]
+struct ForwardRow {
+    written_by: String,
+    outcome: String,
+    result: Vec<u8>,
+}
+
+/// Runs one branch call through the barrier inside the caller's open transaction.
+///
+/// `handler` is called at most once, only when this is the first arrival of the call and it
+/// may have an effect. After `Ok`, commit the transaction; after `Err`, roll it back (the
+/// barrier row goes with it, so a retry runs again).
+///
+/// A handler's [`Reply::Failure`] is isolated with a savepoint: the handler's own changes are
+/// undone; a refused Try/Action keeps its barrier row with the refusal (repeats get the same
+/// answer), a refused Confirm/Cancel/Compensate keeps nothing (so it can run again once an
+/// operator fixed the cause). Committing after `Ok` is therefore always right.
+pub async fn call<C, F>(conn: &mut C, key: BranchKey<'_>, handler: F) -> Result<Answer, Error>
+where
+    C: Conn,
+    F: for<'c> FnOnce(&'c mut C) -> BoxFuture<'c, Result<Reply, HandlerError>>,
+{
+    match key.action.undoes() {
+        None if key.action.is_forward() => forward(conn, key, handler).await,
+        None => confirm(conn, key, handler).await,
+        Some(origin) => undo(conn, key, origin, handler).await,
+    }
+}
+
+async fn forward<C, F>(conn: &mut C, key: BranchKey<'_>, handler: F) -> Result<Answer, Error>
+where
+    C: Conn,
+    F: for<'c> FnOnce(&'c mut C) -> BoxFuture<'c, Result<Reply, HandlerError>>,
+{
+    let action = key.action.as_str();
+    if !sql::insert(conn, key.xid, key.branch_id, action, action, sql::PENDING).await? {
+        let row = sql::read_forward(conn, key.xid, key.branch_id, action)
+            .await?
+            .ok_or_else(|| Error::Barrier(format!("barrier row of {key:?} vanished")))?;
+        return Ok(repeat_of_forward(key.action, row));
+    }
+    sql::savepoint(conn).await?;
+    let reply = handler(conn).await.map_err(Error::Handler)?;
+    let (outcome, result) = match &reply {
+        Reply::Success(result) => {
+            sql::release_savepoint(conn).await?;
+            (sql::SUCCESS, result)
+        }
+        Reply::Failure(result) => {
+            sql::rollback_to_savepoint(conn).await?;
+            (sql::FAILURE, result)
+        }
+    };
+    limits::check_payload("handler result", result)?;
+    sql::record(conn, key.xid, key.branch_id, action, outcome, result).await?;
+    Ok(Answer::new(reply, Detail::Executed))
+}
+
+/// A Try/Action whose row already exists: the stored first outcome, or suspended if a
+/// Cancel/Compensate claimed the row first.
+fn repeat_of_forward(action: Action, row: ForwardRow) -> Answer {
+    if row.written_by != action.as_str() {
+        return Answer::new(
+            Reply::refuse(format!(
+                "suspended: {} arrived after its {}",
+                action, row.written_by
+            )),
+            Detail::Suspended,
+        );
+    }
+    let reply = if row.outcome == sql::FAILURE {
+        Reply::Failure(row.result)
+    } else {
+        Reply::Success(row.result)
+    };
+    Answer::new(reply, Detail::Duplicate)
+}
+
+async fn confirm<C, F>(conn: &mut C, key: BranchKey<'_>, handler: F) -> Result<Answer, Error>
+where
+    C: Conn,
+    F: for<'c> FnOnce(&'c mut C) -> BoxFuture<'c, Result<Reply, HandlerError>>,
+{
+    let action = key.action.as_str();
+    sql::savepoint(conn).await?;
+    if !sql::insert(conn, key.xid, key.branch_id, action, action, sql::SUCCESS).await? {
+        sql::release_savepoint(conn).await?;
+        return Ok(Answer::new(Reply::ok(), Detail::Duplicate));
+    }
+    // Confirm is only ever sent after every Try answered success; anything else is a protocol
+    // violation that must reach an operator rather than confirm a reservation that isn't there.
+    let tried = sql::read_forward(conn, key.xid, key.branch_id, Action::Try.as_str()).await?;
+    let problem = match tried {
+        Some(row) if row.written_by == Action::Try.as_str() && row.outcome == sql::SUCCESS => None,
+        None => Some("never ran (or its barrier row was purged)".to_string()),
+        Some(row) if row.written_by != Action::Try.as_str() => {
+            Some(format!("was blocked by {}", row.written_by))
+        }
+        Some(_) => Some("was refused".to_string()),
+    };
+    if let Some(problem) = problem {
+        sql::rollback_to_savepoint(conn).await?;
+        let message = format!(
+            "confirm of xid {} branch {} rejected: its try {problem}",
+            key.xid, key.branch_id
+        );
+        return Ok(Answer::new(Reply::refuse(message), Detail::OutOfOrder));
+    }
+    run_undoable(conn, handler).await
+}
+
+async fn undo<C, F>(
+    conn: &mut C,
+    key: BranchKey<'_>,
+    origin: Action,
+    handler: F,
+) -> Result<Answer, Error>
+where
+    C: Conn,
+    F: for<'c> FnOnce(&'c mut C) -> BoxFuture<'c, Result<Reply, HandlerError>>,
+{
+    let action = key.action.as_str();
+    sql::savepoint(conn).await?;
+    // Claim the origin's row first: if that succeeds the Try/Action never ran (and now never
+    // will), so there is nothing to undo.
+    let claimed_origin = sql::insert(
+        conn,
+        key.xid,
+        key.branch_id,
+        origin.as_str(),
+        action,
+        sql::NONE,
+    )
+    .await?;
+    let first = sql::insert(conn, key.xid, key.branch_id, action, action, sql::SUCCESS).await?;
+    let detail = if !first {
+        Some(Detail::Duplicate)
+    } else if claimed_origin {
+        Some(Detail::EmptyRollback)
+    } else {
+        let row = sql::read_forward(conn, key.xid, key.branch_id, origin.as_str()).await?;
+        row.is_some_and(|row| row.outcome == sql::FAILURE)
+            .then_some(Detail::NothingToUndo)
+    };
+    if let Some(detail) = detail {
+        sql::release_savepoint(conn).await?;
+        return Ok(Answer::new(Reply::ok(), detail));
+    }
+    run_undoable(conn, handler).await
+}
+
+/// Runs a Confirm/Cancel/Compensate handler after its barrier rows were written under the open
+/// savepoint: a refusal rolls the rows back too, so the call can run again later.
+async fn run_undoable<C, F>(conn: &mut C, handler: F) -> Result<Answer, Error>
+where
+    C: Conn,
+    F: for<'c> FnOnce(&'c mut C) -> BoxFuture<'c, Result<Reply, HandlerError>>,
+{
+    let reply = handler(conn).await.map_err(Error::Handler)?;
+    match reply {
+        Reply::Success(_) => sql::release_savepoint(conn).await?,
+        Reply::Failure(_) => sql::rollback_to_savepoint(conn).await?,
+    }
+    Ok(Answer::new(reply, Detail::Executed))
+}
+
+/// Deletes barrier rows created before `now - retention`, at most `batch` per statement, until
+/// none is left; returns how many were deleted. The window must outlive the coordinator's longest
+/// retry horizon, or a very late repeat would find no row and run again.
+pub async fn purge<DB: dtx_sql::Backend>(
+    pool: &dtx_sql::sqlx::Pool<DB>,
+    retention: std::time::Duration,
+    batch: u32,
+) -> Result<u64, Error> {
+    let cutoff = now_ms() - retention.as_millis() as i64;
+    purge_older_than::<DB>(pool, cutoff, batch).await
+}

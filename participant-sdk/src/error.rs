@@ -1,0 +1,30 @@
+//! The SDK's one error type.
+
+use dtx_proto::limits::LimitError;
+
+use crate::barrier::HandlerError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// An input outside the contract's limits (the message names the limit).
+    #[error("invalid input: {0}")]
+    Limit(#[from] LimitError),
+    /// The local database failed; the local transaction did not commit.
+    #[error("database error: {0}")]
+    Database(#[from] dtx_sql::sqlx::Error),
+    /// Creating or upgrading a dtx table failed.
+    #[error("migration failed: {0}")]
+    Migrate(#[from] dtx_sql::sqlx::migrate::MigrateError),
+    /// A business handler returned an error; its local transaction was rolled back.
+    #[error("handler error: {0}")]
+    Handler(HandlerError),
+    /// The barrier table is in a state the protocol cannot produce.
+    #[error("barrier inconsistency: {0}")]
+    Barrier(String),
+    /// A call to the coordinator or a participant failed.
+    #[error("rpc failed: {0}")]
+    Rpc(#[from] tonic::Status),
+    /// Could not connect to the coordinator or a participant.
+    #[error("transport error: {0}")]
+    Transport(#[from] tonic::transport::Error),
+}

@@ -1,0 +1,24 @@
+//! dtx-sdk: what a service embeds to take part in dtx distributed transactions.
+//!
+//! * [`barrier`] - the branch barrier: records every branch call in the same local transaction
+//!   as its business change, so repeated Confirm/Cancel/compensation are no-ops, a Cancel that
+//!   overtakes its Try is an empty rollback, and the late Try is rejected.
+//! * [`server`] - a gRPC `Participant` service built from named handlers; it opens the local
+//!   transaction, applies the barrier and maps outcomes to the wire.
+//!
+//! Every database dtx supports works the same way: pass a `sqlx::Pool<sqlx::Postgres>`,
+//! `Pool<sqlx::MySql>` or `Pool<sqlx::Sqlite>`; handlers receive that database's connection.
+//! Create the barrier table with [`migrate_barrier`].
+
+pub mod barrier;
+mod error;
+pub mod server;
+
+pub use dtx_proto as proto;
+pub use dtx_sql::{self as sql, Backend};
+pub use error::Error;
+
+/// Creates or upgrades the `dtx_barrier` table in the participant's database.
+pub async fn migrate_barrier<DB: Backend>(pool: &dtx_sql::sqlx::Pool<DB>) -> Result<(), Error> {
+    Ok(DB::migrate(pool, dtx_sql::Schema::Barrier).await?)
+}

@@ -1,0 +1,307 @@
+//! The participant gRPC server helper.
+//!
+//! A service registers named handlers - a TCC trio (try/confirm/cancel) or a saga pair
+//! (action/compensate) - and gets a tonic service implementing `dtx.v1.Participant`. For every
+//! call it opens a local transaction on the service's pool, runs the handler through the
+//! [`barrier`](crate::barrier), commits, and maps the answer to the wire:
+//!
+//! | what happened                               | wire answer                       |
+//! |---------------------------------------------|-----------------------------------|
+//! | handler replied success / failure           | SUCCESS / FAILURE (EXECUTED)      |
+//! | repeat                                      | stored first answer (DUPLICATE)   |
+//! | cancel/compensate first                     | SUCCESS (EMPTY_ROLLBACK)          |
+//! | try/action after its cancel/compensate      | FAILURE (SUSPENDED)               |
+//! | handler error, database error, lock timeout | RETRY (rolled back; safe to retry)|
+//! | unknown action kind / limits exceeded       | gRPC INVALID_ARGUMENT             |
+//! | unknown handler                             | gRPC NOT_FOUND                    |
+//! | action kind the handler does not have       | gRPC FAILED_PRECONDITION          |
+//!
+//! ```no_run
+//! use dtx_sdk::barrier::Reply;
+//! use dtx_sdk::server::ParticipantServer;
+//! # async fn run(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+//! let service = ParticipantServer::new(pool)
+//!     .tcc(
+//!         "reserve",
+//!         |conn, req| Box::pin(async move {
+//!             sqlx::query("UPDATE stock SET held = held + 1 WHERE sku = $1")
+//!                 .bind(String::from_utf8_lossy(&req.payload).to_string())
+//!                 .execute(&mut *conn)
+//!                 .await?;
+//!             Ok(Reply::ok())
+//!         }),
+//!         |_conn, _req| Box::pin(async move { Ok(Reply::ok()) }),
+//!         |_conn, _req| Box::pin(async move { Ok(Reply::ok()) }),
+//!     )
+//!     .into_service();
+//! tonic::transport::Server::builder()
+//!     .add_service(service)
+//!     .serve("127.0.0.1:50051".parse()?)
+//!     .await?;
+//! # Ok(()) }
+//! ```
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use dtx_proto::limits::{self, LimitError};
+use dtx_proto::v1::participant_server::{Participant, ParticipantServer as WireServer};
+use dtx_proto::v1::{BranchRequest, BranchResponse, Outcome, OutcomeDetail};
+use dtx_sql::Backend;
+use dtx_sql::sqlx::Pool;
+use futures::future::BoxFuture;
+use tonic::{Request, Response, Status};
+
+use crate::Error;
+use crate::barrier::{self, Action, Answer, BranchKey, Detail, HandlerError, Reply};
+
+/// One branch call as a handler sees it.
+#[derive(Debug, Clone)]
+pub struct BranchCall {
+    pub xid: String,
+    pub branch_id: String,
+    pub action: Action,
+    pub payload: Vec<u8>,
+    pub headers: BTreeMap<String, String>,
+}
+
+/// A business handler: runs inside the local transaction on `conn` and replies
+/// [`Reply::Success`] / [`Reply::Failure`], or returns an error to roll back and be retried.
+pub type Handler<C> = Arc<
+    dyn for<'c> Fn(&'c mut C, BranchCall) -> BoxFuture<'c, Result<Reply, HandlerError>>
+        + Send
+        + Sync,
+>;
+
+enum Handlers<C> {
+    Tcc {
+        try_: Handler<C>,
+        confirm: Handler<C>,
+        cancel: Handler<C>,
+    },
+    Saga {
+        action: Handler<C>,
+        compensate: Handler<C>,
+    },
+}
+
+impl<C> Handlers<C> {
+    fn for_action(&self, action: Action) -> Option<&Handler<C>> {
+        match (self, action) {
+            (Handlers::Tcc { try_, .. }, Action::Try) => Some(try_),
+            (Handlers::Tcc { confirm, .. }, Action::Confirm) => Some(confirm),
+            (Handlers::Tcc { cancel, .. }, Action::Cancel) => Some(cancel),
+            (Handlers::Saga { action, .. }, Action::Action) => Some(action),
+            (Handlers::Saga { compensate, .. }, Action::Compensate) => Some(compensate),
+            _ => None,
+        }
+    }
+}
+
+/// Builds a `dtx.v1.Participant` service from named handlers over one database pool.
+pub struct ParticipantServer<DB: Backend> {
+    pool: Pool<DB>,
+    handlers: HashMap<String, Handlers<DB::Conn>>,
+    conflict_retries: u32,
+}
+
+impl<DB: Backend> ParticipantServer<DB> {
+    /// A server whose handlers run on `pool` (which must hold the `dtx_barrier` table, see
+    /// [`crate::migrate_barrier`]).
+    pub fn new(pool: Pool<DB>) -> Self {
+        ParticipantServer {
+            pool,
+            handlers: HashMap::new(),
+            conflict_retries: 5,
+        }
+    }
+
+    /// Registers a TCC resource: `name`'s try, confirm and cancel handlers.
+    pub fn tcc<T, F, X>(mut self, name: impl Into<String>, try_: T, confirm: F, cancel: X) -> Self
+    where
+        T: for<'c> Fn(&'c mut DB::Conn, BranchCall) -> BoxFuture<'c, Result<Reply, HandlerError>>
+            + Send
+            + Sync
+            + 'static,
+        F: for<'c> Fn(&'c mut DB::Conn, BranchCall) -> BoxFuture<'c, Result<Reply, HandlerError>>
+            + Send
+            + Sync
+            + 'static,
+        X: for<'c> Fn(&'c mut DB::Conn, BranchCall) -> BoxFuture<'c, Result<Reply, HandlerError>>
+            + Send
+            + Sync
+            + 'static,
+    {
+        let handlers = Handlers::Tcc {
+            try_: Arc::new(try_),
+            confirm: Arc::new(confirm),
+            cancel: Arc::new(cancel),
+        };
+        self.handlers.insert(name.into(), handlers);
+        self
+    }
+
+    /// Registers a saga step: `name`'s action and compensation handlers.
+    pub fn saga<A, X>(mut self, name: impl Into<String>, action: A, compensate: X) -> Self
+    where
+        A: for<'c> Fn(&'c mut DB::Conn, BranchCall) -> BoxFuture<'c, Result<Reply, HandlerError>>
+            + Send
+            + Sync
+            + 'static,
+        X: for<'c> Fn(&'c mut DB::Conn, BranchCall) -> BoxFuture<'c, Result<Reply, HandlerError>>
+            + Send
+            + Sync
+            + 'static,
+    {
+        let handlers = Handlers::Saga {
+            action: Arc::new(action),
+            compensate: Arc::new(compensate),
+        };
+        self.handlers.insert(name.into(), handlers);
+        self
+    }
+
+    /// How many times a local transaction that lost a lock conflict (deadlock, SQLite busy) is
+    /// run again before the call answers RETRY. Default 5.
+    pub fn conflict_retries(mut self, retries: u32) -> Self {
+        self.conflict_retries = retries;
+        self
+    }
+
+    /// The tonic service, ready for `Server::builder().add_service(..)`.
+    pub fn into_service(self) -> WireServer<Self> {
+        WireServer::new(self)
+    }
+
+    /// Handles one call without gRPC (what the service does after decoding).
+    pub async fn handle(&self, request: BranchRequest) -> Result<BranchResponse, Status> {
+        let action = Action::from_wire(request.action).ok_or_else(|| {
+            Status::invalid_argument(format!(
+                "action {} is not one of TRY, CONFIRM, CANCEL, ACTION, COMPENSATE",
+                request.action
+            ))
+        })?;
+        validate(&request).map_err(|e| Status::invalid_argument(e.0))?;
+        let handlers = self
+            .handlers
+            .get(&request.handler)
+            .ok_or_else(|| Status::not_found(format!("no handler named {:?}", request.handler)))?;
+        let handler = handlers.for_action(action).ok_or_else(|| {
+            Status::failed_precondition(format!(
+                "handler {:?} has no {action} (TCC handlers take try/confirm/cancel, saga \
+                 handlers action/compensate)",
+                request.handler
+            ))
+        })?;
+        let call = BranchCall {
+            xid: request.xid,
+            branch_id: request.branch_id,
+            action,
+            payload: request.payload,
+            headers: request.headers,
+        };
+        let span =
+            tracing::info_span!("branch", xid = %call.xid, branch = %call.branch_id, %action);
+        let _enter = span.enter();
+        Ok(self.run_with_retries(handler, &call).await)
+    }
+
+    async fn run_with_retries(
+        &self,
+        handler: &Handler<DB::Conn>,
+        call: &BranchCall,
+    ) -> BranchResponse {
+        let mut attempt = 0;
+        loop {
+            match self.run_once(handler, call).await {
+                Ok(answer) => return to_wire(answer),
+                Err(Error::Database(e))
+                    if dtx_sql::is_lock_conflict(&e) && attempt < self.conflict_retries =>
+                {
+                    attempt += 1;
+                    tracing::debug!(attempt, error = %e, "lock conflict, running the branch again");
+                    tokio::time::sleep(Duration::from_millis(5 * u64::from(attempt))).await;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "branch rolled back; answering RETRY");
+                    return BranchResponse {
+                        outcome: Outcome::Retry as i32,
+                        result: Vec::new(),
+                        message: e.to_string(),
+                        detail: OutcomeDetail::Unspecified as i32,
+                    };
+                }
+            }
+        }
+    }
+
+    async fn run_once(
+        &self,
+        handler: &Handler<DB::Conn>,
+        call: &BranchCall,
+    ) -> Result<Answer, Error> {
+        let key = BranchKey::new(&call.xid, &call.branch_id, call.action)?;
+        let mut tx = DB::begin(&self.pool).await?;
+        let conn = DB::conn(&mut tx);
+        let handler = handler.clone();
+        let owned = call.clone();
+        let answer = barrier::call(conn, key, move |conn| handler(conn, owned)).await;
+        match answer {
+            Ok(answer) => {
+                tx.commit().await?;
+                Ok(answer)
+            }
+            Err(e) => {
+                // Rolling back explicitly returns the connection clean; a failure here only
+                // means the connection is gone, which drops the transaction anyway.
+                let _ = tx.rollback().await;
+                Err(e)
+            }
+        }
+    }
+}
+
+fn validate(request: &BranchRequest) -> Result<(), LimitError> {
+    limits::check_xid(&request.xid)?;
+    limits::check_branch_id("branch_id", &request.branch_id)?;
+    limits::check_handler("handler", &request.handler)?;
+    limits::check_payload("payload", &request.payload)?;
+    limits::check_headers("headers", &request.headers)
+}
+
+fn to_wire(answer: Answer) -> BranchResponse {
+    let detail = match answer.detail {
+        Detail::Executed => OutcomeDetail::Executed,
+        Detail::Duplicate => OutcomeDetail::Duplicate,
+        Detail::EmptyRollback => OutcomeDetail::EmptyRollback,
+        Detail::Suspended => OutcomeDetail::Suspended,
+        Detail::NothingToUndo => OutcomeDetail::NothingToUndo,
+        Detail::OutOfOrder => OutcomeDetail::OutOfOrder,
+    };
+    let (outcome, result) = match answer.reply {
+        Reply::Success(result) => (Outcome::Success, result),
+        Reply::Failure(result) => (Outcome::Failure, result),
+    };
+    let message = if outcome == Outcome::Failure {
+        String::from_utf8_lossy(&result).into_owned()
+    } else {
+        String::new()
+    };
+    BranchResponse {
+        outcome: outcome as i32,
+        result,
+        message,
+        detail: detail as i32,
+    }
+}
+
+#[tonic::async_trait]
+impl<DB: Backend> Participant for ParticipantServer<DB> {
+    async fn branch(
+        &self,
+        request: Request<BranchRequest>,
+    ) -> Result<Response<BranchResponse>, Status> {
+        self.handle(request.into_inner()).await.map(Response::new)
+    }
+}

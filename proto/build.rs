@@ -1,0 +1,16 @@
+//! Generates the Rust code of `proto/dtx/v1/dtx.proto` with a vendored `protoc`, so a machine
+//! with only the Rust toolchain builds the workspace.
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let protoc = protoc_bin_vendored::protoc_bin_path()?;
+    // SAFETY: build scripts are single-threaded; prost-build reads PROTOC from the environment.
+    unsafe { std::env::set_var("PROTOC", protoc) };
+    let out_dir = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
+    tonic_prost_build::configure()
+        // Maps encode in key order, so equal definitions encode to equal bytes (used to detect
+        // "same key, different content" on idempotent repeats).
+        .btree_map(".")
+        .file_descriptor_set_path(out_dir.join("dtx_descriptor.bin"))
+        .compile_protos(&["proto/dtx/v1/dtx.proto"], &["proto"])?;
+    println!("cargo:rerun-if-changed=proto/dtx/v1/dtx.proto");
+    Ok(())
+}

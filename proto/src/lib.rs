@@ -1,0 +1,32 @@
+//! The dtx wire contract.
+//!
+//! * [`v1`] - code generated from `proto/dtx/v1/dtx.proto` (messages, the `Coordinator` and
+//!   `Participant` services, their clients and servers).
+//! * [`limits`] - the input limits the contract documents, as code, so the coordinator, the
+//!   participant server and the client SDK reject the same inputs with the same messages.
+
+pub mod limits;
+
+/// Generated code of package `dtx.v1`.
+pub mod v1 {
+    #![allow(clippy::all, missing_docs)]
+    tonic::include_proto!("dtx.v1");
+
+    /// Encoded `FileDescriptorSet` of the contract, for gRPC server reflection.
+    pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("dtx_descriptor");
+}
+
+impl v1::TxStatus {
+    /// A terminal status never changes again.
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            Self::Committed | Self::RolledBack | Self::Succeeded | Self::Compensated
+        )
+    }
+
+    /// Terminal, or parked until an operator acts: nothing more happens by itself.
+    pub fn is_settled(self) -> bool {
+        self.is_terminal() || self == Self::NeedsAttention
+    }
+}

@@ -1,0 +1,237 @@
+//! Input limits of the wire contract (see the header of `dtx.proto`).
+//!
+//! Each check returns a [`LimitError`] whose message names the field and the limit, so a caller
+//! who hits one knows what to change. The coordinator answers these with `INVALID_ARGUMENT`.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// Longest accepted global transaction id, in bytes.
+pub const MAX_XID_LEN: usize = 128;
+/// Longest accepted branch id or saga step name, in bytes.
+pub const MAX_BRANCH_ID_LEN: usize = 64;
+/// Longest accepted handler name, in bytes.
+pub const MAX_HANDLER_LEN: usize = 128;
+/// Longest accepted participant target URI, in bytes.
+pub const MAX_TARGET_LEN: usize = 512;
+/// Largest accepted payload or result, in bytes.
+pub const MAX_PAYLOAD_BYTES: usize = 64 * 1024;
+/// Most headers per call.
+pub const MAX_HEADERS: usize = 32;
+/// Longest header key, in bytes.
+pub const MAX_HEADER_KEY_LEN: usize = 64;
+/// Longest header value, in bytes.
+pub const MAX_HEADER_VALUE_LEN: usize = 1024;
+/// Most branches in one TCC transaction, and most steps in one saga.
+pub const MAX_BRANCHES: usize = 64;
+/// Longest transaction or saga timeout.
+pub const MAX_TX_TIMEOUT: Duration = Duration::from_secs(7 * 24 * 3600);
+/// Transaction timeout used when a request says 0.
+pub const DEFAULT_TX_TIMEOUT: Duration = Duration::from_secs(60);
+/// Longest per-call timeout.
+pub const MAX_CALL_TIMEOUT: Duration = Duration::from_secs(600);
+/// Per-call timeout used when a request says 0.
+pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest long-poll wait.
+pub const MAX_WAIT: Duration = Duration::from_secs(600);
+
+/// An input outside the contract's limits. The message names the field and the limit.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct LimitError(pub String);
+
+fn id_char(c: u8) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b':' | b'-')
+}
+
+fn check_token(
+    field: &str,
+    value: &str,
+    max: usize,
+    allowed: fn(u8) -> bool,
+    charset: &str,
+) -> Result<(), LimitError> {
+    if value.is_empty() {
+        return Err(LimitError(format!("{field} must not be empty")));
+    }
+    if value.len() > max {
+        return Err(LimitError(format!(
+            "{field} is {} bytes, longer than the limit of {max} bytes",
+            value.len()
+        )));
+    }
+    if let Some(bad) = value.bytes().find(|c| !allowed(*c)) {
+        return Err(LimitError(format!(
+            "{field} contains {:?}, outside the allowed charset {charset}",
+            bad as char
+        )));
+    }
+    Ok(())
+}
+
+/// A global transaction id: 1..=128 bytes of `[A-Za-z0-9._:-]`.
+pub fn check_xid(xid: &str) -> Result<(), LimitError> {
+    check_token("xid", xid, MAX_XID_LEN, id_char, "[A-Za-z0-9._:-]")
+}
+
+/// A branch id or saga step name: 1..=64 bytes of `[A-Za-z0-9._:-]`.
+pub fn check_branch_id(field: &str, id: &str) -> Result<(), LimitError> {
+    check_token(field, id, MAX_BRANCH_ID_LEN, id_char, "[A-Za-z0-9._:-]")
+}
+
+/// A handler name: 1..=128 bytes of `[A-Za-z0-9._:/-]`.
+pub fn check_handler(field: &str, handler: &str) -> Result<(), LimitError> {
+    check_token(
+        field,
+        handler,
+        MAX_HANDLER_LEN,
+        |c| id_char(c) || c == b'/',
+        "[A-Za-z0-9._:/-]",
+    )
+}
+
+/// A participant target: an absolute `http://` or `https://` URI of at most 512 bytes.
+pub fn check_target(field: &str, target: &str) -> Result<(), LimitError> {
+    if target.is_empty() {
+        return Err(LimitError(format!("{field} must not be empty")));
+    }
+    if target.len() > MAX_TARGET_LEN {
+        return Err(LimitError(format!(
+            "{field} is {} bytes, longer than the limit of {MAX_TARGET_LEN} bytes",
+            target.len()
+        )));
+    }
+    let uri: http::Uri = target
+        .parse()
+        .map_err(|e| LimitError(format!("{field} {target:?} is not a URI: {e}")))?;
+    match (uri.scheme_str(), uri.authority()) {
+        (Some("http" | "https"), Some(_)) => Ok(()),
+        _ => Err(LimitError(format!(
+            "{field} {target:?} must be an absolute http:// or https:// URI"
+        ))),
+    }
+}
+
+/// A payload or result: at most 64 KiB.
+pub fn check_payload(field: &str, payload: &[u8]) -> Result<(), LimitError> {
+    if payload.len() > MAX_PAYLOAD_BYTES {
+        return Err(LimitError(format!(
+            "{field} is {} bytes, larger than the limit of {MAX_PAYLOAD_BYTES} bytes",
+            payload.len()
+        )));
+    }
+    Ok(())
+}
+
+/// Headers: at most 32, keys 1..=64 bytes of `[A-Za-z0-9._-]`, values at most 1024 bytes.
+pub fn check_headers(field: &str, headers: &BTreeMap<String, String>) -> Result<(), LimitError> {
+    if headers.len() > MAX_HEADERS {
+        return Err(LimitError(format!(
+            "{field} has {} entries, more than the limit of {MAX_HEADERS}",
+            headers.len()
+        )));
+    }
+    for (key, value) in headers {
+        check_token(
+            &format!("{field} key"),
+            key,
+            MAX_HEADER_KEY_LEN,
+            |c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b'-'),
+            "[A-Za-z0-9._-]",
+        )?;
+        if value.len() > MAX_HEADER_VALUE_LEN {
+            return Err(LimitError(format!(
+                "{field} value of {key:?} is {} bytes, longer than the limit of {MAX_HEADER_VALUE_LEN} bytes",
+                value.len()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Resolves a timeout given in milliseconds: 0 means `default`, otherwise 1 ms ..= `max`.
+pub fn timeout(
+    field: &str,
+    millis: u64,
+    default: Duration,
+    max: Duration,
+) -> Result<Duration, LimitError> {
+    if millis == 0 {
+        return Ok(default);
+    }
+    let value = Duration::from_millis(millis);
+    if value > max {
+        return Err(LimitError(format!(
+            "{field} is {millis} ms, longer than the limit of {} ms",
+            max.as_millis()
+        )));
+    }
+    Ok(value)
+}
+
+/// The number of branches or steps: at most 64.
+pub fn check_branch_count(field: &str, count: usize) -> Result<(), LimitError> {
+    if count > MAX_BRANCHES {
+        return Err(LimitError(format!(
+            "{field}: {count} is more than the limit of {MAX_BRANCHES}"
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_checked_for_length_and_charset() {
+        assert!(check_xid("order-1:tcc.42_a").is_ok());
+        assert_eq!(check_xid("").unwrap_err().0, "xid must not be empty");
+        let long = "x".repeat(MAX_XID_LEN + 1);
+        assert!(
+            check_xid(&long)
+                .unwrap_err()
+                .0
+                .contains("limit of 128 bytes")
+        );
+        assert!(check_xid(&"x".repeat(MAX_XID_LEN)).is_ok());
+        assert!(check_xid("a b").unwrap_err().0.contains("charset"));
+        assert!(check_xid("é").is_err());
+        assert!(check_branch_id("branch_id", &"b".repeat(65)).is_err());
+        assert!(check_handler("handler", "svc/transfer").is_ok());
+    }
+
+    #[test]
+    fn targets_must_be_absolute_http_uris() {
+        assert!(check_target("target", "http://127.0.0.1:5000").is_ok());
+        assert!(check_target("target", "https://svc.local").is_ok());
+        assert!(check_target("target", "127.0.0.1:5000").is_err());
+        assert!(check_target("target", "ftp://x").is_err());
+        assert!(check_target("target", "").is_err());
+    }
+
+    #[test]
+    fn payloads_and_headers_have_size_limits() {
+        assert!(check_payload("payload", &vec![0; MAX_PAYLOAD_BYTES]).is_ok());
+        let err = check_payload("payload", &vec![0; MAX_PAYLOAD_BYTES + 1]).unwrap_err();
+        assert!(err.0.contains("65536"), "{err}");
+        let mut headers = BTreeMap::new();
+        headers.insert("trace-id".to_string(), "v".repeat(MAX_HEADER_VALUE_LEN));
+        assert!(check_headers("headers", &headers).is_ok());
+        headers.insert("bad key".to_string(), String::new());
+        assert!(check_headers("headers", &headers).is_err());
+    }
+
+    #[test]
+    fn timeouts_default_and_cap() {
+        assert_eq!(
+            timeout("t", 0, DEFAULT_TX_TIMEOUT, MAX_TX_TIMEOUT).unwrap(),
+            DEFAULT_TX_TIMEOUT
+        );
+        assert_eq!(
+            timeout("t", 5, DEFAULT_TX_TIMEOUT, MAX_TX_TIMEOUT).unwrap(),
+            Duration::from_millis(5)
+        );
+        assert!(timeout("t", u64::MAX, DEFAULT_TX_TIMEOUT, MAX_TX_TIMEOUT).is_err());
+    }
+}

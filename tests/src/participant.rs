@@ -1,0 +1,327 @@
+//! A test participant: a "bank" that keeps the [`ledger`](crate::ledger) through the barrier,
+//! behind a fault-injecting gRPC wrapper.
+//!
+//! Handlers (payload `"<account>:<amount>"`):
+//! * TCC `transfer`: Try holds the amount (balance -= a, held += a), Confirm releases the hold
+//!   (held -= a), Cancel gives it back (balance += a, held -= a).
+//! * saga `debit`: Action takes the amount (balance -= a), Compensate gives it back.
+//!
+//! Every effect is also logged in `effects`, so tests count executions from the business tables.
+//! A balance that would go negative is a business refusal (FAILURE).
+//!
+//! [`Faults`] scripts what the next calls of a (branch, action) experience: the handler erroring
+//! (RETRY), a refusal, `UNAVAILABLE` before or *after* the effect (a lost response), a delay,
+//! or a duplicated delivery.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use dtx_proto::v1::participant_server::{Participant, ParticipantServer as WireServer};
+use dtx_proto::v1::{BranchRequest, BranchResponse};
+use dtx_sdk::barrier::{Action, Reply};
+use dtx_sdk::server::{BranchCall, ParticipantServer};
+use dtx_sql::Backend;
+use dtx_sql::sqlx::Pool;
+use tonic::{Request, Response, Status};
+
+use crate::ledger;
+
+/// Encodes a ledger payload.
+pub fn payload(account: &str, amount: i64) -> Vec<u8> {
+    format!("{account}:{amount}").into_bytes()
+}
+
+fn parse(payload: &[u8]) -> Result<(String, i64), String> {
+    let text = std::str::from_utf8(payload).map_err(|e| e.to_string())?;
+    let (account, amount) = text
+        .split_once(':')
+        .ok_or("payload is not account:amount")?;
+    Ok((
+        account.to_string(),
+        amount.parse().map_err(|e| format!("{e}"))?,
+    ))
+}
+
+/// One injected fault.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fault {
+    /// The handler returns an error (rolled back; the participant answers RETRY).
+    HandlerError,
+    /// The handler refuses (FAILURE).
+    Refuse,
+    /// The call fails with UNAVAILABLE before reaching the handler.
+    UnavailableBefore,
+    /// The call runs (effect committed), then the response is lost: UNAVAILABLE.
+    UnavailableAfter,
+    /// The call waits this long before running (to exceed a caller's deadline).
+    Delay(Duration),
+    /// The call is delivered twice, concurrently; the first answer is returned.
+    Duplicate,
+}
+
+/// Scripted faults per (branch_id, action); `"*"` matches every branch.
+#[derive(Clone, Default)]
+pub struct Faults {
+    script: Arc<Mutex<HashMap<(String, Action), VecDeque<Fault>>>>,
+    /// Every call that reached the wrapper, in order: (branch_id, action).
+    calls: Arc<Mutex<Vec<(String, Action)>>>,
+}
+
+impl Faults {
+    /// The next calls of (branch, action) experience `faults`, in order.
+    pub fn push(&self, branch: &str, action: Action, faults: impl IntoIterator<Item = Fault>) {
+        self.script
+            .lock()
+            .unwrap()
+            .entry((branch.to_string(), action))
+            .or_default()
+            .extend(faults);
+    }
+
+    fn next(&self, branch: &str, action: Action) -> Option<Fault> {
+        let mut script = self.script.lock().unwrap();
+        for key in [(branch.to_string(), action), ("*".to_string(), action)] {
+            if let Some(fault) = script.get_mut(&key).and_then(VecDeque::pop_front) {
+                return Some(fault);
+            }
+        }
+        None
+    }
+
+    /// How many calls of (branch, action) reached this participant.
+    pub fn calls(&self, branch: &str, action: Action) -> usize {
+        let calls = self.calls.lock().unwrap();
+        calls
+            .iter()
+            .filter(|(b, a)| b == branch && *a == action)
+            .count()
+    }
+
+    /// All calls so far, in arrival order.
+    pub fn call_log(&self) -> Vec<(String, Action)> {
+        self.calls.lock().unwrap().clone()
+    }
+}
+
+/// Thread-safe marker so handler closures can read the scripted "refuse/error" faults.
+#[derive(Clone, Default)]
+struct HandlerFaults(Arc<Mutex<HashMap<(String, String, Action), Fault>>>);
+
+/// Runs the ledger effect of one call.
+async fn effect<C: dtx_sql::Conn>(
+    conn: &mut C,
+    call: &BranchCall,
+) -> Result<Reply, Box<dyn std::error::Error + Send + Sync>> {
+    let (account, amount) = parse(&call.payload)?;
+    let (delta, held) = match call.action {
+        Action::Try => (-amount, amount),
+        Action::Confirm => (0, -amount),
+        Action::Cancel => (amount, -amount),
+        Action::Action => (-amount, 0),
+        Action::Compensate => (amount, 0),
+    };
+    let applied = ledger::apply(
+        conn,
+        &account,
+        delta,
+        held,
+        &call.xid,
+        &call.branch_id,
+        call.action.as_str(),
+    )
+    .await;
+    match applied {
+        Ok(()) => Ok(Reply::Success(
+            format!(
+                "{}:{}:{}",
+                call.action,
+                call.branch_id,
+                uuid::Uuid::new_v4()
+            )
+            .into_bytes(),
+        )),
+        Err(dtx_sql::sqlx::Error::Protocol(msg)) if call.action.is_forward() => {
+            Ok(Reply::refuse(msg))
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn ledger_handler<C: dtx_sql::Conn + 'static>(
+    faults: HandlerFaults,
+) -> impl for<'c> Fn(
+    &'c mut C,
+    BranchCall,
+) -> futures::future::BoxFuture<'c, Result<Reply, dtx_sdk::barrier::HandlerError>>
++ Send
++ Sync
++ 'static {
+    move |conn, call| {
+        let fault = faults.0.lock().unwrap().remove(&(
+            call.xid.clone(),
+            call.branch_id.clone(),
+            call.action,
+        ));
+        Box::pin(async move {
+            match fault {
+                Some(Fault::HandlerError) => Err("injected handler error".into()),
+                Some(Fault::Refuse) => {
+                    // Make a change first: the refusal must undo it.
+                    let _ = effect(conn, &call).await;
+                    Ok(Reply::refuse("injected refusal"))
+                }
+                _ => effect(conn, &call).await,
+            }
+        })
+    }
+}
+
+/// The bank participant: the ledger handlers behind the barrier, wrapped with fault injection.
+pub struct Bank<DB: Backend> {
+    inner: ParticipantServer<DB>,
+    faults: Faults,
+    handler_faults: HandlerFaults,
+}
+
+impl<DB: Backend> Bank<DB>
+where
+    DB::Conn: 'static,
+{
+    pub fn new(pool: Pool<DB>, faults: Faults) -> Self {
+        let handler_faults = HandlerFaults::default();
+        let inner = ParticipantServer::new(pool)
+            .tcc(
+                "transfer",
+                ledger_handler(handler_faults.clone()),
+                ledger_handler(handler_faults.clone()),
+                ledger_handler(handler_faults.clone()),
+            )
+            .saga(
+                "debit",
+                ledger_handler(handler_faults.clone()),
+                ledger_handler(handler_faults.clone()),
+            );
+        Bank {
+            inner,
+            faults,
+            handler_faults,
+        }
+    }
+
+    pub fn into_service(self) -> WireServer<Self> {
+        WireServer::new(self)
+    }
+
+    async fn deliver(&self, request: BranchRequest) -> Result<BranchResponse, Status> {
+        self.inner.handle(request).await
+    }
+}
+
+#[tonic::async_trait]
+impl<DB: Backend> Participant for Bank<DB>
+where
+    DB::Conn: 'static,
+{
+    async fn branch(
+        &self,
+        request: Request<BranchRequest>,
+    ) -> Result<Response<BranchResponse>, Status> {
+        let request = request.into_inner();
+        let action = Action::from_wire(request.action);
+        if let Some(action) = action {
+            self.faults
+                .calls
+                .lock()
+                .unwrap()
+                .push((request.branch_id.clone(), action));
+        }
+        let fault = action.and_then(|a| self.faults.next(&request.branch_id, a));
+        match fault {
+            Some(Fault::UnavailableBefore) => {
+                Err(Status::unavailable("injected: unavailable before the call"))
+            }
+            Some(Fault::UnavailableAfter) => {
+                self.deliver(request).await?;
+                Err(Status::unavailable(
+                    "injected: response lost after the call",
+                ))
+            }
+            Some(Fault::Delay(d)) => {
+                tokio::time::sleep(d).await;
+                self.deliver(request).await.map(Response::new)
+            }
+            Some(Fault::Duplicate) => {
+                let (first, _second) =
+                    tokio::join!(self.deliver(request.clone()), self.deliver(request));
+                first.map(Response::new)
+            }
+            Some(fault @ (Fault::HandlerError | Fault::Refuse)) => {
+                let action = action.expect("fault implies a known action");
+                self.handler_faults.0.lock().unwrap().insert(
+                    (request.xid.clone(), request.branch_id.clone(), action),
+                    fault,
+                );
+                self.deliver(request).await.map(Response::new)
+            }
+            None => self.deliver(request).await.map(Response::new),
+        }
+    }
+}
+
+/// What a handler does in a direct barrier call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Behave {
+    /// Apply the ledger effect and reply success with result `"<action>:<tag>"`.
+    Ok,
+    /// Apply the effect, then refuse (the effect must be undone).
+    Refuse,
+    /// Apply the effect, then return an error (everything must roll back).
+    Error,
+}
+
+/// One barrier call on `pool` in its own transaction, the way a service embeds the barrier
+/// without the gRPC helper: account `acct`, amount 10. Commits on `Ok`, rolls back on `Err`.
+pub async fn direct<DB: Backend>(
+    pool: &Pool<DB>,
+    xid: &str,
+    branch: &str,
+    action: Action,
+    behave: Behave,
+    tag: &str,
+) -> Result<dtx_sdk::barrier::Answer, dtx_sdk::Error>
+where
+    DB::Conn: 'static,
+{
+    let key = dtx_sdk::barrier::BranchKey::new(xid, branch, action)?;
+    let call = BranchCall {
+        xid: xid.to_string(),
+        branch_id: branch.to_string(),
+        action,
+        payload: payload("acct", 10),
+        headers: Default::default(),
+    };
+    let tag = tag.to_string();
+    let mut tx = DB::begin(pool).await?;
+    let answer = dtx_sdk::barrier::call(DB::conn(&mut tx), key, move |conn| {
+        Box::pin(async move {
+            effect(conn, &call).await?;
+            match behave {
+                Behave::Ok => Ok(Reply::Success(format!("{action}:{tag}").into_bytes())),
+                Behave::Refuse => Ok(Reply::refuse(format!("refused:{tag}"))),
+                Behave::Error => Err(format!("error:{tag}").into()),
+            }
+        })
+    })
+    .await;
+    match answer {
+        Ok(answer) => {
+            tx.commit().await?;
+            Ok(answer)
+        }
+        Err(e) => {
+            tx.rollback().await.ok();
+            Err(e)
+        }
+    }
+}

@@ -1,0 +1,283 @@
+//! The branch barrier's cases, each asserted through the business ledger (balances and the
+//! effect log), on SQLite, PostgreSQL and MariaDB.
+//!
+//! The ledger: account `acct` starts at 100. Try holds 10 (balance 90, held 10), Confirm
+//! releases the hold (held 0), Cancel returns it (balance 100, held 0); a saga Action takes 10,
+//! its Compensate returns it.
+
+use dtx_sdk::Error;
+use dtx_sdk::barrier::{Action, Detail, Reply};
+use dtx_sql::Schema;
+use dtx_tests::db::{TestBackend, TestDb};
+use dtx_tests::participant::{Behave, direct};
+use dtx_tests::{ledger, test_on_all_databases};
+
+const SCHEMAS: &[Schema] = &[Schema::Barrier];
+
+async fn setup<DB: TestBackend>(db: &TestDb<DB>) {
+    ledger::create_tables(&db.pool).await;
+    ledger::open_account(&db.pool, "acct", 100).await;
+}
+
+fn text(reply: &Reply) -> String {
+    match reply {
+        Reply::Success(r) | Reply::Failure(r) => String::from_utf8_lossy(r).into_owned(),
+    }
+}
+
+async fn duplicate_try_returns_the_stored_first_result<DB: TestBackend>(db: &'static TestDb<DB>) {
+    setup(db).await;
+    let first = direct(&db.pool, "x1", "b1", Action::Try, Behave::Ok, "first")
+        .await
+        .unwrap();
+    assert_eq!(first.detail, Detail::Executed);
+    assert_eq!(text(&first.reply), "try:first");
+    // The repeat would produce "try:second" if its handler ran; it must not run.
+    let again = direct(&db.pool, "x1", "b1", Action::Try, Behave::Ok, "second")
+        .await
+        .unwrap();
+    assert_eq!(again.detail, Detail::Duplicate);
+    assert_eq!(again.reply, Reply::Success(b"try:first".to_vec()));
+    assert_eq!(ledger::effects(&db.pool, "x1", "b1", "try").await, 1);
+    assert_eq!(ledger::account(&db.pool, "acct").await, (90, 10));
+}
+test_on_all_databases!(duplicate_try_returns_the_stored_first_result, SCHEMAS);
+
+async fn duplicate_confirm_and_cancel_have_no_effect<DB: TestBackend>(db: &'static TestDb<DB>) {
+    setup(db).await;
+    direct(&db.pool, "x1", "b1", Action::Try, Behave::Ok, "t")
+        .await
+        .unwrap();
+    for i in 0..3 {
+        let answer = direct(&db.pool, "x1", "b1", Action::Confirm, Behave::Ok, "c")
+            .await
+            .unwrap();
+        assert!(answer.is_success());
+        let expected = if i == 0 {
+            Detail::Executed
+        } else {
+            Detail::Duplicate
+        };
+        assert_eq!(answer.detail, expected);
+    }
+    assert_eq!(ledger::effects(&db.pool, "x1", "b1", "confirm").await, 1);
+    assert_eq!(ledger::account(&db.pool, "acct").await, (90, 0));
+
+    direct(&db.pool, "x2", "b1", Action::Try, Behave::Ok, "t")
+        .await
+        .unwrap();
+    for _ in 0..3 {
+        let answer = direct(&db.pool, "x2", "b1", Action::Cancel, Behave::Ok, "k")
+            .await
+            .unwrap();
+        assert!(answer.is_success());
+    }
+    assert_eq!(ledger::effects(&db.pool, "x2", "b1", "cancel").await, 1);
+    assert_eq!(ledger::account(&db.pool, "acct").await, (90, 0));
+
+    direct(&db.pool, "x3", "s1", Action::Action, Behave::Ok, "a")
+        .await
+        .unwrap();
+    for _ in 0..3 {
+        let answer = direct(&db.pool, "x3", "s1", Action::Compensate, Behave::Ok, "c")
+            .await
+            .unwrap();
+        assert!(answer.is_success());
+    }
+    assert_eq!(ledger::effects(&db.pool, "x3", "s1", "compensate").await, 1);
+    assert_eq!(ledger::account(&db.pool, "acct").await, (90, 0));
+}
+test_on_all_databases!(duplicate_confirm_and_cancel_have_no_effect, SCHEMAS);
+
+async fn cancel_before_try_is_an_empty_rollback_and_blocks_the_late_try<DB: TestBackend>(
+    db: &'static TestDb<DB>,
+) {
+    setup(db).await;
+    let cancel = direct(&db.pool, "x1", "b1", Action::Cancel, Behave::Ok, "k")
+        .await
+        .unwrap();
+    assert_eq!(cancel.detail, Detail::EmptyRollback);
+    assert!(cancel.is_success());
+    assert_eq!(
+        ledger::effects(&db.pool, "x1", "b1", "cancel").await,
+        0,
+        "nothing to undo"
+    );
+
+    let late_try = direct(&db.pool, "x1", "b1", Action::Try, Behave::Ok, "t")
+        .await
+        .unwrap();
+    assert_eq!(late_try.detail, Detail::Suspended);
+    assert!(matches!(late_try.reply, Reply::Failure(_)));
+    assert_eq!(ledger::effects(&db.pool, "x1", "b1", "try").await, 0);
+
+    let again = direct(&db.pool, "x1", "b1", Action::Cancel, Behave::Ok, "k")
+        .await
+        .unwrap();
+    assert_eq!(again.detail, Detail::Duplicate);
+    assert_eq!(ledger::account(&db.pool, "acct").await, (100, 0));
+
+    // The same for a saga step.
+    let comp = direct(&db.pool, "x2", "s1", Action::Compensate, Behave::Ok, "c")
+        .await
+        .unwrap();
+    assert_eq!(comp.detail, Detail::EmptyRollback);
+    let late = direct(&db.pool, "x2", "s1", Action::Action, Behave::Ok, "a")
+        .await
+        .unwrap();
+    assert_eq!(late.detail, Detail::Suspended);
+    assert_eq!(ledger::effects(&db.pool, "x2", "s1", "action").await, 0);
+    assert_eq!(ledger::account(&db.pool, "acct").await, (100, 0));
+}
+test_on_all_databases!(
+    cancel_before_try_is_an_empty_rollback_and_blocks_the_late_try,
+    SCHEMAS
+);
+
+async fn handler_error_rolls_back_business_change_and_barrier_row<DB: TestBackend>(
+    db: &'static TestDb<DB>,
+) {
+    setup(db).await;
+    let err = direct(&db.pool, "x1", "b1", Action::Try, Behave::Error, "boom")
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Handler(_)), "{err}");
+    assert_eq!(ledger::barrier_rows(&db.pool, "x1", "b1").await, 0);
+    assert_eq!(ledger::effects(&db.pool, "x1", "b1", "try").await, 0);
+    assert_eq!(ledger::account(&db.pool, "acct").await, (100, 0));
+
+    // The retry runs again.
+    let retry = direct(&db.pool, "x1", "b1", Action::Try, Behave::Ok, "retry")
+        .await
+        .unwrap();
+    assert_eq!(retry.detail, Detail::Executed);
+    assert_eq!(ledger::account(&db.pool, "acct").await, (90, 10));
+
+    // A failing Cancel also leaves nothing, so it runs on the next delivery.
+    direct(&db.pool, "x1", "b1", Action::Cancel, Behave::Error, "boom")
+        .await
+        .unwrap_err();
+    assert_eq!(ledger::account(&db.pool, "acct").await, (90, 10));
+    let cancel = direct(&db.pool, "x1", "b1", Action::Cancel, Behave::Ok, "k")
+        .await
+        .unwrap();
+    assert_eq!(cancel.detail, Detail::Executed);
+    assert_eq!(ledger::account(&db.pool, "acct").await, (100, 0));
+}
+test_on_all_databases!(
+    handler_error_rolls_back_business_change_and_barrier_row,
+    SCHEMAS
+);
+
+async fn refused_try_is_replayed_and_its_cancel_has_nothing_to_undo<DB: TestBackend>(
+    db: &'static TestDb<DB>,
+) {
+    setup(db).await;
+    let refused = direct(&db.pool, "x1", "b1", Action::Try, Behave::Refuse, "no")
+        .await
+        .unwrap();
+    assert_eq!(refused.detail, Detail::Executed);
+    assert_eq!(refused.reply, Reply::Failure(b"refused:no".to_vec()));
+    // The handler's change before refusing was undone.
+    assert_eq!(ledger::account(&db.pool, "acct").await, (100, 0));
+    assert_eq!(ledger::effects(&db.pool, "x1", "b1", "try").await, 0);
+
+    let again = direct(&db.pool, "x1", "b1", Action::Try, Behave::Ok, "yes")
+        .await
+        .unwrap();
+    assert_eq!(again.detail, Detail::Duplicate);
+    assert_eq!(again.reply, Reply::Failure(b"refused:no".to_vec()));
+
+    let cancel = direct(&db.pool, "x1", "b1", Action::Cancel, Behave::Ok, "k")
+        .await
+        .unwrap();
+    assert_eq!(cancel.detail, Detail::NothingToUndo);
+    assert_eq!(ledger::account(&db.pool, "acct").await, (100, 0));
+    assert_eq!(ledger::effects(&db.pool, "x1", "b1", "cancel").await, 0);
+}
+test_on_all_databases!(
+    refused_try_is_replayed_and_its_cancel_has_nothing_to_undo,
+    SCHEMAS
+);
+
+async fn refused_cancel_keeps_nothing_so_it_can_run_again<DB: TestBackend>(
+    db: &'static TestDb<DB>,
+) {
+    setup(db).await;
+    direct(&db.pool, "x1", "b1", Action::Try, Behave::Ok, "t")
+        .await
+        .unwrap();
+    let refused = direct(&db.pool, "x1", "b1", Action::Cancel, Behave::Refuse, "no")
+        .await
+        .unwrap();
+    assert!(matches!(refused.reply, Reply::Failure(_)));
+    assert_eq!(ledger::account(&db.pool, "acct").await, (90, 10));
+    assert_eq!(
+        ledger::barrier_rows(&db.pool, "x1", "b1").await,
+        1,
+        "only the try row"
+    );
+    let cancel = direct(&db.pool, "x1", "b1", Action::Cancel, Behave::Ok, "k")
+        .await
+        .unwrap();
+    assert_eq!(cancel.detail, Detail::Executed);
+    assert_eq!(ledger::account(&db.pool, "acct").await, (100, 0));
+}
+test_on_all_databases!(refused_cancel_keeps_nothing_so_it_can_run_again, SCHEMAS);
+
+async fn confirm_without_a_successful_try_is_refused<DB: TestBackend>(db: &'static TestDb<DB>) {
+    setup(db).await;
+    let confirm = direct(&db.pool, "x1", "b1", Action::Confirm, Behave::Ok, "c")
+        .await
+        .unwrap();
+    assert_eq!(confirm.detail, Detail::OutOfOrder);
+    assert!(
+        text(&confirm.reply).contains("never ran"),
+        "{}",
+        text(&confirm.reply)
+    );
+    assert_eq!(ledger::barrier_rows(&db.pool, "x1", "b1").await, 0);
+
+    direct(&db.pool, "x2", "b1", Action::Try, Behave::Refuse, "no")
+        .await
+        .unwrap();
+    let confirm = direct(&db.pool, "x2", "b1", Action::Confirm, Behave::Ok, "c")
+        .await
+        .unwrap();
+    assert_eq!(confirm.detail, Detail::OutOfOrder);
+    assert_eq!(ledger::effects(&db.pool, "x2", "b1", "confirm").await, 0);
+    assert_eq!(ledger::account(&db.pool, "acct").await, (100, 0));
+}
+test_on_all_databases!(confirm_without_a_successful_try_is_refused, SCHEMAS);
+
+async fn ids_are_validated_before_touching_the_database<DB: TestBackend>(db: &'static TestDb<DB>) {
+    setup(db).await;
+    let long = "x".repeat(129);
+    let err = direct(&db.pool, &long, "b1", Action::Try, Behave::Ok, "t")
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("limit of 128 bytes"), "{err}");
+    let err = direct(&db.pool, "x1", "bad id", Action::Try, Behave::Ok, "t")
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("charset"), "{err}");
+    assert_eq!(ledger::account(&db.pool, "acct").await, (100, 0));
+}
+test_on_all_databases!(ids_are_validated_before_touching_the_database, SCHEMAS);
+
+async fn ids_are_case_sensitive<DB: TestBackend>(db: &'static TestDb<DB>) {
+    setup(db).await;
+    direct(&db.pool, "X1", "b1", Action::Try, Behave::Ok, "upper")
+        .await
+        .unwrap();
+    let lower = direct(&db.pool, "x1", "b1", Action::Try, Behave::Ok, "lower")
+        .await
+        .unwrap();
+    assert_eq!(
+        lower.detail,
+        Detail::Executed,
+        "x1 and X1 are different transactions"
+    );
+    assert_eq!(ledger::account(&db.pool, "acct").await, (80, 20));
+}
+test_on_all_databases!(ids_are_case_sensitive, SCHEMAS);
