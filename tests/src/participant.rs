@@ -60,10 +60,13 @@ pub enum Fault {
     Duplicate,
 }
 
+/// Faults still to happen, per (branch_id, action).
+type Script = HashMap<(String, Action), VecDeque<Fault>>;
+
 /// Scripted faults per (branch_id, action); `"*"` matches every branch.
 #[derive(Clone, Default)]
 pub struct Faults {
-    script: Arc<Mutex<HashMap<(String, Action), VecDeque<Fault>>>>,
+    script: Arc<Mutex<Script>>,
     /// Every call that reached the wrapper, in order: (branch_id, action).
     calls: Arc<Mutex<Vec<(String, Action)>>>,
 }
@@ -106,7 +109,10 @@ impl Faults {
 
 /// Thread-safe marker so handler closures can read the scripted "refuse/error" faults.
 #[derive(Clone, Default)]
-struct HandlerFaults(Arc<Mutex<HashMap<(String, String, Action), Fault>>>);
+struct HandlerFaults(Arc<Mutex<HashMap<CallKey, Fault>>>);
+
+/// (xid, branch_id, action) of one call.
+type CallKey = (String, String, Action);
 
 /// Runs the ledger effect of one call.
 async fn effect<C: dtx_sql::Conn>(
