@@ -5,12 +5,15 @@
 //!   overtakes its Try is an empty rollback, and the late Try is rejected.
 //! * [`server`] - a gRPC `Participant` service built from named handlers; it opens the local
 //!   transaction, applies the barrier and maps outcomes to the wire.
+//! * [`client`] - what an initiator uses: TCC transactions (with a closure form that commits on
+//!   `Ok` and rolls back on `Err`) and a typed saga builder.
 //!
 //! Every database dtx supports works the same way: pass a `sqlx::Pool<sqlx::Postgres>`,
 //! `Pool<sqlx::MySql>` or `Pool<sqlx::Sqlite>`; handlers receive that database's connection.
 //! Create the barrier table with [`migrate_barrier`].
 
 pub mod barrier;
+pub mod client;
 mod error;
 pub mod server;
 
