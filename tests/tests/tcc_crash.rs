@@ -21,7 +21,10 @@ use tonic::transport::Server;
 
 const BIN: &str = env!("CARGO_BIN_EXE_test-coordinator");
 
-async fn bank<DB: TestBackend>(db: &'static TestDb<DB>, faults: Faults) -> dtx_tests::net::RunningServer
+async fn bank<DB: TestBackend>(
+    db: &'static TestDb<DB>,
+    faults: Faults,
+) -> dtx_tests::net::RunningServer
 where
     DB::Conn: 'static,
 {
@@ -34,8 +37,9 @@ where
 
 /// SIGKILL after the Commit decision is durable and before any Confirm was delivered; a new
 /// process on the same database delivers them, exactly once.
-async fn killed_after_commit_a_new_process_confirms_exactly_once<DB: TestBackend>(db: &'static TestDb<DB>)
-where
+async fn killed_after_commit_a_new_process_confirms_exactly_once<DB: TestBackend>(
+    db: &'static TestDb<DB>,
+) where
     DB::Conn: 'static,
 {
     let faults = Faults::default();
@@ -54,9 +58,17 @@ where
         })
         .await
         .unwrap();
-    tx.call(TccBranch::new(bank.url(), "transfer", payload("alice", 10))).await.unwrap();
-    tx.call(TccBranch::new(bank.url(), "transfer", payload("bob", 20))).await.unwrap();
-    assert_eq!(tx.commit().await.unwrap(), TxStatus::Committing, "decision durable, phase two running");
+    tx.call(TccBranch::new(bank.url(), "transfer", payload("alice", 10)))
+        .await
+        .unwrap();
+    tx.call(TccBranch::new(bank.url(), "transfer", payload("bob", 20)))
+        .await
+        .unwrap();
+    assert_eq!(
+        tx.commit().await.unwrap(),
+        TxStatus::Committing,
+        "decision durable, phase two running"
+    );
     // Wait until the Confirms are in flight (hanging at the bank), then kill.
     for _ in 0..100 {
         if faults.calls("b1", Action::Confirm) + faults.calls("b2", Action::Confirm) == 2 {
@@ -65,18 +77,35 @@ where
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     first.kill().await;
-    assert_eq!(ledger::effects(&db.pool, "crash-1", "b1", "confirm").await, 0);
+    assert_eq!(
+        ledger::effects(&db.pool, "crash-1", "b1", "confirm").await,
+        0
+    );
 
     let second = Process::start(BIN, &db.url, &[]).await;
-    let done = second.client().await.wait("crash-1", Duration::from_secs(20)).await.unwrap();
+    let done = second
+        .client()
+        .await
+        .wait("crash-1", Duration::from_secs(20))
+        .await
+        .unwrap();
     assert_eq!(done.status(), TxStatus::Committed, "{done:?}");
-    assert_eq!(ledger::effects(&db.pool, "crash-1", "b1", "confirm").await, 1);
-    assert_eq!(ledger::effects(&db.pool, "crash-1", "b2", "confirm").await, 1);
+    assert_eq!(
+        ledger::effects(&db.pool, "crash-1", "b1", "confirm").await,
+        1
+    );
+    assert_eq!(
+        ledger::effects(&db.pool, "crash-1", "b2", "confirm").await,
+        1
+    );
     assert_eq!(ledger::account(&db.pool, "alice").await, (START - 10, 0));
     assert_eq!(ledger::account(&db.pool, "bob").await, (START - 20, 0));
     second.kill().await;
 }
-test_on_all_databases!(killed_after_commit_a_new_process_confirms_exactly_once, SCHEMAS);
+test_on_all_databases!(
+    killed_after_commit_a_new_process_confirms_exactly_once,
+    SCHEMAS
+);
 
 /// Two coordinator processes on one database share 200 concurrent transactions; one is
 /// SIGKILLed midway. Every transaction ends terminal, each effect once, the ledger balances.
@@ -87,7 +116,11 @@ where
     const TXS: usize = 200;
     let faults = Faults::default();
     // Confirms take a while, so the kill finds decided transactions with phase two in flight.
-    faults.push("*", Action::Confirm, (0..2 * TXS).map(|_| Fault::Delay(Duration::from_millis(100))));
+    faults.push(
+        "*",
+        Action::Confirm,
+        (0..2 * TXS).map(|_| Fault::Delay(Duration::from_millis(100))),
+    );
     let bank = Arc::new(bank(db, faults).await);
     let a = Process::start(BIN, &db.url, &["--instance", "a"]).await;
     let b = Process::start(BIN, &db.url, &["--instance", "b"]).await;
@@ -114,8 +147,10 @@ where
             };
             let _ = client
                 .tcc(options, |tx| async move {
-                    tx.call(TccBranch::new(bank.url(), "transfer", payload("alice", 1))).await?;
-                    tx.call(TccBranch::new(bank.url(), "transfer", payload("bob", 1))).await?;
+                    tx.call(TccBranch::new(bank.url(), "transfer", payload("alice", 1)))
+                        .await?;
+                    tx.call(TccBranch::new(bank.url(), "transfer", payload("bob", 1)))
+                        .await?;
                     Ok::<_, Error>(())
                 })
                 .await;
@@ -156,22 +191,47 @@ where
             TxStatus::Committed => {
                 committed += 1;
                 assert_eq!((try1, try2), (1, 1), "{xid}");
-                assert_eq!(ledger::effects(&db.pool, xid, "b1", "confirm").await, 1, "{xid}");
-                assert_eq!(ledger::effects(&db.pool, xid, "b2", "confirm").await, 1, "{xid}");
+                assert_eq!(
+                    ledger::effects(&db.pool, xid, "b1", "confirm").await,
+                    1,
+                    "{xid}"
+                );
+                assert_eq!(
+                    ledger::effects(&db.pool, xid, "b2", "confirm").await,
+                    1,
+                    "{xid}"
+                );
             }
             TxStatus::RolledBack => {
                 rolled_back += 1;
-                assert_eq!(ledger::effects(&db.pool, xid, "b1", "cancel").await, try1, "{xid}");
-                assert_eq!(ledger::effects(&db.pool, xid, "b2", "cancel").await, try2, "{xid}");
+                assert_eq!(
+                    ledger::effects(&db.pool, xid, "b1", "cancel").await,
+                    try1,
+                    "{xid}"
+                );
+                assert_eq!(
+                    ledger::effects(&db.pool, xid, "b2", "cancel").await,
+                    try2,
+                    "{xid}"
+                );
             }
             other => panic!("{xid} ended {other:?}: {tx:?}"),
         }
     }
     assert_eq!(committed + rolled_back + never_begun, TXS as i64);
     assert!(committed > 0, "some transactions commit");
-    assert_eq!(ledger::account(&db.pool, "alice").await, (START - committed, 0));
-    assert_eq!(ledger::account(&db.pool, "bob").await, (START - committed, 0));
-    eprintln!("{}: {committed} committed, {rolled_back} rolled back, {never_begun} never begun", DB::NAME);
+    assert_eq!(
+        ledger::account(&db.pool, "alice").await,
+        (START - committed, 0)
+    );
+    assert_eq!(
+        ledger::account(&db.pool, "bob").await,
+        (START - committed, 0)
+    );
+    eprintln!(
+        "{}: {committed} committed, {rolled_back} rolled back, {never_begun} never begun",
+        DB::NAME
+    );
     b.kill().await;
 }
 

@@ -66,10 +66,13 @@ impl Graph {
         (ordered < self.len()).then(|| (0..self.len()).filter(|&i| missing[i] > 0).collect())
     }
 
-    /// Steps that may start forward now: pending, not in flight, every dependency done.
+    /// Steps that may start (or, in doubt after an unknown outcome, retry) forward now: not in
+    /// flight, every dependency done.
     pub fn runnable(&self, states: &[BranchState], in_flight: &[bool]) -> Vec<usize> {
         (0..self.len())
-            .filter(|&i| states[i] == BranchState::Pending && !in_flight[i])
+            .filter(|&i| {
+                matches!(states[i], BranchState::Pending | BranchState::InDoubt) && !in_flight[i]
+            })
             .filter(|&i| self.deps[i].iter().all(|&d| states[d] == BranchState::Done))
             .collect()
     }

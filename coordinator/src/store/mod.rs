@@ -67,6 +67,8 @@ pub struct Progress {
     pub owner: Option<String>,
     /// When recovery must look at it again; `None` once settled.
     pub due_ms: Option<i64>,
+    /// Why the transaction is where it is (turned to compensation, parked); `None` keeps what
+    /// is recorded.
     pub last_error: Option<String>,
     /// Branch states to record (inserted for saga steps seen the first time).
     pub branches: Vec<BranchRow>,

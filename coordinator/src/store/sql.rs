@@ -55,7 +55,7 @@ const DECIDE_ROLLBACK: &str = "UPDATE dtx_global SET status = 'ROLLING_BACK', \
      WHERE xid = ? AND status = 'TRYING'";
 
 const PROGRESS: &str = "UPDATE dtx_global SET status = ?, decision = COALESCE(?, decision), \
-     owner = ?, fence = ?, due_ms = ?, last_error = ?, updated_ms = ? \
+     owner = ?, fence = ?, due_ms = ?, last_error = COALESCE(?, last_error), updated_ms = ? \
      WHERE xid = ? AND fence = ? AND status = ?";
 
 /// Rows whose recovery time passed. Other claimers skip the rows this one locked.
