@@ -387,7 +387,6 @@ async fn turn_to_compensation_durably(
     turn_to_compensation(&mut states);
     for (step, state) in job.steps.iter_mut().zip(states) {
         step.row.state = state;
-        step.row.attempts = 0;
         step.next_at = None;
     }
     let due = now_ms() + inner.config.lease.as_millis() as i64;

@@ -543,7 +543,6 @@ impl Engine {
             .map(|mut b| {
                 if b.state == BranchState::Stuck {
                     b.state = retry_from;
-                    b.attempts = 0;
                 }
                 b
             })
