@@ -31,7 +31,7 @@ const INSERT_GLOBAL: Sql = insert_ignore!(
 /// Locks the TRYING row and counts the new branch in one statement: a concurrent decision
 /// waits for it (and then sees the branch), or it waits for the decision (and then matches
 /// nothing), so no branch is ever added behind a decision's back.
-const COUNT_BRANCH: &str = "UPDATE dtx_global SET branch_count = branch_count + 1, updated_ms = ? \
+const COUNT_BRANCH: &str = "UPDATE dtx_global SET branch_count = branch_count + 1 \
      WHERE xid = ? AND kind = 'tcc' AND status = 'TRYING' AND deadline_ms > ? AND branch_count < ?";
 
 const UNCOUNT_BRANCH: &str = "UPDATE dtx_global SET branch_count = branch_count - 1 WHERE xid = ?";
@@ -272,7 +272,7 @@ pub(super) async fn apply<C: Conn>(conn: &mut C, write: &Write) -> Result<Writte
             max_branches,
         } => {
             let counted = conn
-                .execute(COUNT_BRANCH, args![now, xid.as_str(), now, *max_branches])
+                .execute(COUNT_BRANCH, args![xid.as_str(), now, *max_branches])
                 .await?;
             if counted == 1 {
                 let headers = encode_headers(&b.headers);
