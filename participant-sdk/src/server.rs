@@ -62,6 +62,8 @@ use crate::barrier::{self, Action, Answer, BranchKey, Detail, HandlerError, Repl
 pub struct BranchCall {
     pub xid: String,
     pub branch_id: String,
+    /// The handler name the call addressed (one function may serve several names).
+    pub handler: String,
     pub action: Action,
     pub payload: Vec<u8>,
     pub headers: BTreeMap<String, String>,
@@ -198,6 +200,7 @@ impl<DB: Backend> ParticipantServer<DB> {
         let call = BranchCall {
             xid: request.xid,
             branch_id: request.branch_id,
+            handler: request.handler,
             action,
             payload: request.payload,
             headers: request.headers,

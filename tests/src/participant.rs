@@ -4,7 +4,12 @@
 //! Handlers (payload `"<account>:<amount>"`):
 //! * TCC `transfer`: Try holds the amount (balance -= a, held += a), Confirm releases the hold
 //!   (held -= a), Cancel gives it back (balance += a, held -= a).
+//! * TCC `deposit`: Try and Cancel only record themselves, Confirm adds the amount.
 //! * saga `debit`: Action takes the amount (balance -= a), Compensate gives it back.
+//! * saga `credit`: Action adds the amount, Compensate takes it back.
+//!
+//! A TCC `transfer` + `deposit`, or a saga `debit` + `credit`, moves money without creating or
+//! destroying any: the sum of all balances is an invariant once everything settled.
 //!
 //! Every effect is also logged in `effects`, so tests count executions from the business tables.
 //! A balance that would go negative is a business refusal (FAILURE).
@@ -64,10 +69,33 @@ pub enum Fault {
 /// Faults still to happen, per (branch_id, action).
 type Script = HashMap<(String, Action), VecDeque<Fault>>;
 
-/// Scripted faults per (branch_id, action); `"*"` matches every branch.
+/// Probabilities (each 0..1) of the faults drawn for calls no script covers.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct FaultRates {
+    /// The handler errors: rolled back, answered RETRY.
+    pub handler_error: f64,
+    /// UNAVAILABLE before the call reaches the barrier.
+    pub unavailable_before: f64,
+    /// The effect commits, then the response is lost (UNAVAILABLE).
+    pub lost_response: f64,
+    /// Delivered twice at once.
+    pub duplicate: f64,
+    /// Try/Action only: delivered `late_by` later, past the caller's timeout, so the
+    /// Cancel/compensation can overtake it.
+    pub late_forward: f64,
+    pub late_by: Duration,
+    /// Try/Action only: a business refusal.
+    pub refuse_forward: f64,
+}
+
+/// Scripted faults per (branch_id, action); `"*"` matches every branch. Optionally also random
+/// faults, drawn from a hash of (seed, xid, branch, action, attempt) so the same seed gives the
+/// same fault to the same call whatever the timing.
 #[derive(Clone, Default)]
 pub struct Faults {
     script: Arc<Mutex<Script>>,
+    random: Option<(u64, FaultRates)>,
+    injected: Arc<std::sync::atomic::AtomicU64>,
     /// Every call that reached the wrapper, in arrival order.
     calls: Arc<Mutex<Vec<CallRecord>>>,
 }
@@ -95,7 +123,31 @@ impl Faults {
             .extend(faults);
     }
 
-    fn next(&self, branch: &str, action: Action) -> Option<Fault> {
+    /// Random faults at `rates`, seeded.
+    pub fn random(seed: u64, rates: FaultRates) -> Faults {
+        Faults {
+            random: Some((seed, rates)),
+            ..Faults::default()
+        }
+    }
+
+    /// How many faults were injected so far.
+    pub fn injected(&self) -> u64 {
+        self.injected.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn next(&self, xid: &str, branch: &str, action: Action) -> Option<Fault> {
+        let fault = self
+            .scripted(branch, action)
+            .or_else(|| self.drawn(xid, branch, action));
+        if fault.is_some() {
+            self.injected
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        fault
+    }
+
+    fn scripted(&self, branch: &str, action: Action) -> Option<Fault> {
         let mut script = self.script.lock().unwrap();
         for key in [(branch.to_string(), action), ("*".to_string(), action)] {
             if let Some(fault) = script.get_mut(&key).and_then(VecDeque::pop_front) {
@@ -103,6 +155,40 @@ impl Faults {
             }
         }
         None
+    }
+
+    fn drawn(&self, xid: &str, branch: &str, action: Action) -> Option<Fault> {
+        let (seed, r) = self.random?;
+        let attempt = {
+            let calls = self.calls.lock().unwrap();
+            calls
+                .iter()
+                .filter(|c| c.xid == xid && c.branch == branch && c.action == action)
+                .count()
+        };
+        let key = format!("{xid}/{branch}/{action}/{attempt}");
+        let mut u = crate::seeded_unit(seed, key.as_bytes());
+        let forward = action.is_forward();
+        let mut draw = |p: f64| {
+            let hit = u < p;
+            u -= p;
+            hit
+        };
+        if draw(r.handler_error) {
+            Some(Fault::HandlerError)
+        } else if draw(r.unavailable_before) {
+            Some(Fault::UnavailableBefore)
+        } else if draw(r.lost_response) {
+            Some(Fault::UnavailableAfter)
+        } else if draw(r.duplicate) {
+            Some(Fault::Duplicate)
+        } else if forward && draw(r.late_forward) {
+            Some(Fault::Delay(r.late_by))
+        } else if forward && draw(r.refuse_forward) {
+            Some(Fault::Refuse)
+        } else {
+            None
+        }
     }
 
     /// How many calls of (branch, action) reached this participant.
@@ -152,12 +238,16 @@ async fn effect<C: dtx_sql::Conn>(
     call: &BranchCall,
 ) -> Result<Reply, Box<dyn std::error::Error + Send + Sync>> {
     let (account, amount) = parse(&call.payload)?;
-    let (delta, held) = match call.action {
-        Action::Try => (-amount, amount),
-        Action::Confirm => (0, -amount),
-        Action::Cancel => (amount, -amount),
-        Action::Action => (-amount, 0),
-        Action::Compensate => (amount, 0),
+    let inflow = matches!(call.handler.as_str(), "deposit" | "credit");
+    let (delta, held) = match (inflow, call.action) {
+        (false, Action::Try) => (-amount, amount),
+        (false, Action::Confirm) => (0, -amount),
+        (false, Action::Cancel) => (amount, -amount),
+        (false, Action::Action) => (-amount, 0),
+        (false, Action::Compensate) => (amount, 0),
+        (true, Action::Try | Action::Cancel) => (0, 0),
+        (true, Action::Confirm | Action::Action) => (amount, 0),
+        (true, Action::Compensate) => (-amount, 0),
     };
     let applied = ledger::apply(
         conn,
@@ -235,8 +325,19 @@ where
                 ledger_handler(handler_faults.clone()),
                 ledger_handler(handler_faults.clone()),
             )
+            .tcc(
+                "deposit",
+                ledger_handler(handler_faults.clone()),
+                ledger_handler(handler_faults.clone()),
+                ledger_handler(handler_faults.clone()),
+            )
             .saga(
                 "debit",
+                ledger_handler(handler_faults.clone()),
+                ledger_handler(handler_faults.clone()),
+            )
+            .saga(
+                "credit",
                 ledger_handler(handler_faults.clone()),
                 ledger_handler(handler_faults.clone()),
             );
@@ -270,7 +371,7 @@ where
             return self.deliver(request).await.map(Response::new);
         };
         let index = self.faults.arrived(&request, action);
-        let fault = self.faults.next(&request.branch_id, action);
+        let fault = self.faults.next(&request.xid, &request.branch_id, action);
         let answer = match fault {
             Some(Fault::UnavailableBefore) => {
                 Err(Status::unavailable("injected: unavailable before the call"))
@@ -340,6 +441,7 @@ where
     let call = BranchCall {
         xid: xid.to_string(),
         branch_id: branch.to_string(),
+        handler: "transfer".to_string(),
         action,
         payload: payload("acct", 10),
         headers: Default::default(),

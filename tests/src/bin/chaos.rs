@@ -1,0 +1,90 @@
+//! The chaos harness, long runs by hand:
+//!
+//! ```text
+//! cargo build --release -p dtx-tests --bins
+//! ./target/release/chaos --store postgres --count 10000 --kill-every-ms 2000 --seed 42
+//! ```
+//!
+//! It starts coordinator processes from the `test-coordinator` binary next to this one, prints
+//! its seed first and one summary line last, and exits non-zero on any anomaly.
+
+use std::time::Duration;
+
+use clap::Parser;
+use dtx_sql::sqlx;
+use dtx_tests::chaos::{ChaosConfig, default_rates, run};
+
+#[derive(Parser)]
+struct Args {
+    /// postgres or mariadb.
+    #[arg(long, default_value = "postgres")]
+    store: String,
+    /// Transactions to run.
+    #[arg(long, default_value_t = 2000)]
+    count: usize,
+    /// Stop starting transactions after this many seconds.
+    #[arg(long, default_value_t = 3600)]
+    duration_secs: u64,
+    /// Replays a run (random if not given).
+    #[arg(long)]
+    seed: Option<u64>,
+    #[arg(long, default_value_t = 3)]
+    coordinators: usize,
+    /// Mean interval between coordinator kills; 0 disables kills.
+    #[arg(long, default_value_t = 2500)]
+    kill_every_ms: u64,
+    #[arg(long, default_value_t = 32)]
+    concurrency: usize,
+}
+
+#[tokio::main]
+async fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "error".into()),
+        )
+        .init();
+    let args = Args::parse();
+    let seed = args.seed.unwrap_or_else(rand::random);
+    println!("chaos: seed {seed}");
+    let bin = std::env::current_exe()
+        .expect("own path")
+        .with_file_name("test-coordinator");
+    if !bin.exists() {
+        eprintln!(
+            "{} is missing: run `cargo build --release -p dtx-tests --bins` first",
+            bin.display()
+        );
+        std::process::exit(2);
+    }
+    let config = ChaosConfig {
+        seed,
+        transactions: args.count,
+        duration: Duration::from_secs(args.duration_secs),
+        concurrency: args.concurrency,
+        coordinators: args.coordinators,
+        kill_every: (args.kill_every_ms > 0).then(|| Duration::from_millis(args.kill_every_ms)),
+        rates: default_rates(),
+        settle_within: Duration::from_secs(300),
+        coordinator_bin: bin.display().to_string(),
+        accounts: 10,
+    };
+    let report = match args.store.as_str() {
+        "postgres" => run::<sqlx::Postgres>(config).await,
+        "mariadb" | "mysql" => run::<sqlx::MySql>(config).await,
+        other => {
+            eprintln!("--store must be postgres or mariadb, not {other}");
+            std::process::exit(2);
+        }
+    };
+    let Some(report) = report else {
+        eprintln!("the database is unreachable");
+        std::process::exit(2);
+    };
+    for anomaly in &report.anomalies {
+        println!("ANOMALY {anomaly}");
+    }
+    println!("{}", report.summary());
+    std::process::exit(if report.anomalies.is_empty() { 0 } else { 1 });
+}
