@@ -2,6 +2,7 @@
 //! that participants keep through the barrier, and helpers to run real gRPC servers on port 0.
 
 pub mod db;
+pub mod idempotency;
 pub mod ledger;
 pub mod net;
 pub mod participant;
