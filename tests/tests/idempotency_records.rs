@@ -753,3 +753,30 @@ test_on_all_databases!(
     results_with_and_without_resource_ids_share_one_connection,
     SCHEMAS
 );
+
+async fn renewed_leases_are_not_taken_over<DB: TestBackend>(db: &'static TestDb<DB>) {
+    let (store, checks) = short_lease_store(db).await;
+    let body = hash("{}");
+    let k = key("long-work");
+    let Claim::Owned(long) = store.claim(&k, &body).await.unwrap() else {
+        panic!("fresh key")
+    };
+    // Past the original lease end, but renewed half-way: still in progress, nobody checks.
+    tokio::time::sleep(LEASE * 3 / 5).await;
+    long.renew().await.unwrap();
+    tokio::time::sleep(LEASE * 3 / 5).await;
+    assert!(matches!(
+        store.claim(&k, &body).await.unwrap(),
+        Claim::Answered(Answer::InProgress { .. })
+    ));
+    assert_eq!(checks.load(SeqCst), 0);
+    // Not renewed again: taken over, and the old owner learns it when it renews.
+    tokio::time::sleep(LEASE).await;
+    assert!(matches!(
+        store.claim(&k, &body).await.unwrap(),
+        Claim::Owned(_)
+    ));
+    assert_eq!(checks.load(SeqCst), 1);
+    assert!(matches!(long.renew().await, Err(Error::LeaseLost)));
+}
+test_on_all_databases!(renewed_leases_are_not_taken_over, SCHEMAS);

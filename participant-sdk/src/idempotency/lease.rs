@@ -46,6 +46,19 @@ impl<DB: Backend> Lease<DB> {
         &self.token
     }
 
+    /// Extends the lease to a full lease from now: work that may outlast one lease calls this
+    /// periodically, so nobody takes the record over while it is still running.
+    /// [`Error::LeaseLost`] if it already was taken over - stop and don't complete.
+    pub async fn renew(&self) -> Result<(), Error> {
+        let store = &self.store;
+        let now = now_ms();
+        let mut tx = DB::begin(&store.pool).await?;
+        let until = store.lease_until(now);
+        let owned = sql::renew(DB::conn(&mut tx), &self.key, &self.token, until, now).await?;
+        tx.commit().await?;
+        if owned { Ok(()) } else { Err(Error::LeaseLost) }
+    }
+
     pub(super) fn into_token(self) -> String {
         self.token
     }

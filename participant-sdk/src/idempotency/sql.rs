@@ -28,6 +28,11 @@ const COMPLETE: &str = "UPDATE dtx_idempotency SET status = ?, result_code = ?, 
                         WHERE scope = ? AND idem_key = ? AND owner_token = ? \
                         AND status = 'PROCESSING'";
 
+/// Extends the owner's lease (long work heartbeats with it).
+const RENEW: &str = "UPDATE dtx_idempotency SET lease_until = ?, updated_at = ? \
+                     WHERE scope = ? AND idem_key = ? AND owner_token = ? \
+                     AND status = 'PROCESSING' AND lease_until IS NOT NULL";
+
 /// Confirms ownership without finishing (an outcome the caller could not classify).
 const TOUCH: &str = "UPDATE dtx_idempotency SET updated_at = ? \
                      WHERE scope = ? AND idem_key = ? AND owner_token = ? \
@@ -184,6 +189,18 @@ pub(super) async fn finish<C: Conn>(
         all
     };
     one_row(conn, sql, used).await
+}
+
+/// Moves `token`'s lease end to `lease_until`; false if the token lost the record.
+pub(super) async fn renew<C: Conn>(
+    conn: &mut C,
+    key: &Key,
+    token: &str,
+    lease_until: i64,
+    now: i64,
+) -> Result<bool, Error> {
+    let args = args![lease_until, now, key.scope(), key.idem_key(), token];
+    one_row(conn, RENEW, args).await
 }
 
 /// True if `token` still owns the PROCESSING record.
