@@ -1,1 +1,20 @@
 //! The dtx coordinator.
+//!
+//! Layers, each only using the ones below it:
+//! * [`grpc`] - the `dtx.v1.Coordinator` service: converts requests, calls the engine, maps
+//!   errors to gRPC codes in one place;
+//! * [`engine`] - TCC and saga semantics, the driver that carries decided work to a terminal
+//!   state, recovery of due work;
+//! * [`store`] - durable state behind a small trait, group-committed writes, one SQL module
+//!   for SQLite, PostgreSQL and MySQL/MariaDB;
+//! * [`domain`] - statuses, records, saga plans, backoff: pure logic, no I/O.
+
+pub mod config;
+pub mod domain;
+pub mod engine;
+pub mod error;
+pub mod grpc;
+pub mod server;
+pub mod store;
+
+pub use error::{Error, Result};

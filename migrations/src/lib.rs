@@ -34,45 +34,33 @@ pub enum Dialect {
     Sqlite,
 }
 
-/// One positional argument of a statement.
+/// One positional argument of a statement. NULLs carry their column type, which PostgreSQL
+/// checks.
 #[derive(Debug, Clone, Copy)]
 pub enum Arg<'a> {
-    Null,
-    I64(i64),
-    Str(&'a str),
-    Bytes(&'a [u8]),
+    I64(Option<i64>),
+    Str(Option<&'a str>),
+    Bytes(Option<&'a [u8]>),
 }
 
-impl From<i64> for Arg<'_> {
-    fn from(v: i64) -> Self {
-        Arg::I64(v)
-    }
+macro_rules! arg_from {
+    ($variant:ident: $($t:ty => $convert:expr),* $(,)?) => {$(
+        impl<'a> From<$t> for Arg<'a> {
+            fn from(v: $t) -> Self {
+                Arg::$variant(Some($convert(v)))
+            }
+        }
+        impl<'a> From<Option<$t>> for Arg<'a> {
+            fn from(v: Option<$t>) -> Self {
+                Arg::$variant(v.map($convert))
+            }
+        }
+    )*};
 }
-impl<'a> From<&'a str> for Arg<'a> {
-    fn from(v: &'a str) -> Self {
-        Arg::Str(v)
-    }
-}
-impl<'a> From<&'a String> for Arg<'a> {
-    fn from(v: &'a String) -> Self {
-        Arg::Str(v)
-    }
-}
-impl<'a> From<&'a [u8]> for Arg<'a> {
-    fn from(v: &'a [u8]) -> Self {
-        Arg::Bytes(v)
-    }
-}
-impl<'a> From<&'a Vec<u8>> for Arg<'a> {
-    fn from(v: &'a Vec<u8>) -> Self {
-        Arg::Bytes(v)
-    }
-}
-impl<'a, T: Into<Arg<'a>>> From<Option<T>> for Arg<'a> {
-    fn from(v: Option<T>) -> Self {
-        v.map_or(Arg::Null, Into::into)
-    }
-}
+
+arg_from!(I64: i64 => |v| v);
+arg_from!(Str: &'a str => |v| v, &'a String => String::as_str);
+arg_from!(Bytes: &'a [u8] => |v| v, &'a Vec<u8> => Vec::as_slice);
 
 /// Builds a `&[Arg]` from expressions convertible into [`Arg`].
 #[macro_export]
@@ -204,7 +192,6 @@ macro_rules! bind_args {
         let mut q = $query;
         for arg in $args {
             q = match *arg {
-                Arg::Null => q.bind(None::<i64>),
                 Arg::I64(v) => q.bind(v),
                 Arg::Str(v) => q.bind(v),
                 Arg::Bytes(v) => q.bind(v),
@@ -380,6 +367,9 @@ pub trait Backend: sqlx::Database + Sized {
     /// Borrows the connection of a transaction.
     fn conn<'t>(tx: &'t mut Transaction<'static, Self>) -> &'t mut Self::Conn;
 
+    /// Borrows a pooled connection outside any transaction (autocommit reads).
+    fn pooled(conn: &mut sqlx::pool::PoolConnection<Self>) -> &mut Self::Conn;
+
     /// Begins a transaction the way dtx needs it: `BEGIN IMMEDIATE` on SQLite (so a transaction
     /// that reads before it writes cannot fail with SQLITE_BUSY on the upgrade), READ COMMITTED
     /// on MySQL (no gap locks from the duplicate-key checks of other transactions' reads).
@@ -408,6 +398,10 @@ pub trait Backend: sqlx::Database + Sized {
 }
 
 impl Backend for sqlx::Postgres {
+    fn pooled(conn: &mut sqlx::pool::PoolConnection<Self>) -> &mut Self::Conn {
+        conn
+    }
+
     async fn execute_script(pool: &Pool<Self>, sql: String) -> Result<(), sqlx::Error> {
         sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
             .execute(pool)
@@ -442,6 +436,10 @@ impl Backend for sqlx::Postgres {
 }
 
 impl Backend for sqlx::MySql {
+    fn pooled(conn: &mut sqlx::pool::PoolConnection<Self>) -> &mut Self::Conn {
+        conn
+    }
+
     async fn execute_script(pool: &Pool<Self>, sql: String) -> Result<(), sqlx::Error> {
         sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
             .execute(pool)
@@ -473,6 +471,10 @@ impl Backend for sqlx::MySql {
 }
 
 impl Backend for sqlx::Sqlite {
+    fn pooled(conn: &mut sqlx::pool::PoolConnection<Self>) -> &mut Self::Conn {
+        conn
+    }
+
     async fn execute_script(pool: &Pool<Self>, sql: String) -> Result<(), sqlx::Error> {
         sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
             .execute(pool)

@@ -21,6 +21,24 @@ pub enum Error {
     /// The barrier table is in a state the protocol cannot produce.
     #[error("barrier inconsistency: {0}")]
     Barrier(String),
+    /// A Try answered FAILURE: the transaction must roll back.
+    #[error("branch {branch_id} of {xid} refused its try: {message}")]
+    BranchRefused {
+        xid: String,
+        branch_id: String,
+        message: String,
+    },
+    /// A Try's outcome is unknown (timeout, RETRY, transport error): the transaction must roll
+    /// back, never commit.
+    #[error("branch {branch_id} of {xid} has an unknown outcome: {message}")]
+    BranchInDoubt {
+        xid: String,
+        branch_id: String,
+        message: String,
+    },
+    /// A transaction was still running when the wait ended.
+    #[error("transaction {xid} is still {status}")]
+    NotSettled { xid: String, status: String },
     /// A call to the coordinator or a participant failed.
     #[error("rpc failed: {0}")]
     Rpc(#[from] tonic::Status),

@@ -5,6 +5,8 @@
 //!   overtakes its Try is an empty rollback, and the late Try is rejected.
 //! * [`server`] - a gRPC `Participant` service built from named handlers; it opens the local
 //!   transaction, applies the barrier and maps outcomes to the wire.
+//! * [`client`] - what an initiator uses: TCC transactions (with a closure form that commits on
+//!   `Ok` and rolls back on `Err`) and a typed saga builder.
 //! * [`idempotency`] - idempotency records for HTTP endpoints, payment callbacks, message
 //!   consumers and jobs.
 //!
@@ -14,6 +16,7 @@
 //! [`migrate_idempotency`].
 
 pub mod barrier;
+pub mod client;
 mod error;
 pub mod idempotency;
 pub mod server;

@@ -19,6 +19,7 @@
 //! ```no_run
 //! use dtx_sdk::barrier::Reply;
 //! use dtx_sdk::server::ParticipantServer;
+//! use dtx_sdk::sql::sqlx;
 //! # async fn run(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
 //! let service = ParticipantServer::new(pool)
 //!     .tcc(

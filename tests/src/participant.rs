@@ -54,18 +54,34 @@ pub enum Fault {
     UnavailableBefore,
     /// The call runs (effect committed), then the response is lost: UNAVAILABLE.
     UnavailableAfter,
-    /// The call waits this long before running (to exceed a caller's deadline).
+    /// The call is delivered this long after it arrived - even if the caller gave up
+    /// meanwhile, like a request stuck in the network (it runs in a task of its own).
     Delay(Duration),
     /// The call is delivered twice, concurrently; the first answer is returned.
     Duplicate,
 }
 
+/// Faults still to happen, per (branch_id, action).
+type Script = HashMap<(String, Action), VecDeque<Fault>>;
+
 /// Scripted faults per (branch_id, action); `"*"` matches every branch.
 #[derive(Clone, Default)]
 pub struct Faults {
-    script: Arc<Mutex<HashMap<(String, Action), VecDeque<Fault>>>>,
-    /// Every call that reached the wrapper, in order: (branch_id, action).
-    calls: Arc<Mutex<Vec<(String, Action)>>>,
+    script: Arc<Mutex<Script>>,
+    /// Every call that reached the wrapper, in arrival order.
+    calls: Arc<Mutex<Vec<CallRecord>>>,
+}
+
+/// One call that reached the bank: when it arrived and finished, and what it answered.
+#[derive(Debug, Clone)]
+pub struct CallRecord {
+    pub xid: String,
+    pub branch: String,
+    pub action: Action,
+    pub started: tokio::time::Instant,
+    pub finished: Option<tokio::time::Instant>,
+    /// The answer (None if it failed with a gRPC error or is still running).
+    pub answer: Option<BranchResponse>,
 }
 
 impl Faults {
@@ -94,19 +110,41 @@ impl Faults {
         let calls = self.calls.lock().unwrap();
         calls
             .iter()
-            .filter(|(b, a)| b == branch && *a == action)
+            .filter(|c| c.branch == branch && c.action == action)
             .count()
     }
 
     /// All calls so far, in arrival order.
-    pub fn call_log(&self) -> Vec<(String, Action)> {
+    pub fn call_log(&self) -> Vec<CallRecord> {
         self.calls.lock().unwrap().clone()
+    }
+
+    fn arrived(&self, request: &BranchRequest, action: Action) -> usize {
+        let mut calls = self.calls.lock().unwrap();
+        calls.push(CallRecord {
+            xid: request.xid.clone(),
+            branch: request.branch_id.clone(),
+            action,
+            started: tokio::time::Instant::now(),
+            finished: None,
+            answer: None,
+        });
+        calls.len() - 1
+    }
+
+    fn answered(&self, index: usize, answer: &Result<BranchResponse, Status>) {
+        let mut calls = self.calls.lock().unwrap();
+        calls[index].finished = Some(tokio::time::Instant::now());
+        calls[index].answer = answer.as_ref().ok().cloned();
     }
 }
 
 /// Thread-safe marker so handler closures can read the scripted "refuse/error" faults.
 #[derive(Clone, Default)]
-struct HandlerFaults(Arc<Mutex<HashMap<(String, String, Action), Fault>>>);
+struct HandlerFaults(Arc<Mutex<HashMap<CallKey, Fault>>>);
+
+/// (xid, branch_id, action) of one call.
+type CallKey = (String, String, Action);
 
 /// Runs the ledger effect of one call.
 async fn effect<C: dtx_sql::Conn>(
@@ -179,7 +217,7 @@ fn ledger_handler<C: dtx_sql::Conn + 'static>(
 
 /// The bank participant: the ledger handlers behind the barrier, wrapped with fault injection.
 pub struct Bank<DB: Backend> {
-    inner: ParticipantServer<DB>,
+    inner: Arc<ParticipantServer<DB>>,
     faults: Faults,
     handler_faults: HandlerFaults,
 }
@@ -203,7 +241,7 @@ where
                 ledger_handler(handler_faults.clone()),
             );
         Bank {
-            inner,
+            inner: Arc::new(inner),
             faults,
             handler_faults,
         }
@@ -228,44 +266,49 @@ where
         request: Request<BranchRequest>,
     ) -> Result<Response<BranchResponse>, Status> {
         let request = request.into_inner();
-        let action = Action::from_wire(request.action);
-        if let Some(action) = action {
-            self.faults
-                .calls
-                .lock()
-                .unwrap()
-                .push((request.branch_id.clone(), action));
-        }
-        let fault = action.and_then(|a| self.faults.next(&request.branch_id, a));
-        match fault {
+        let Some(action) = Action::from_wire(request.action) else {
+            return self.deliver(request).await.map(Response::new);
+        };
+        let index = self.faults.arrived(&request, action);
+        let fault = self.faults.next(&request.branch_id, action);
+        let answer = match fault {
             Some(Fault::UnavailableBefore) => {
                 Err(Status::unavailable("injected: unavailable before the call"))
             }
-            Some(Fault::UnavailableAfter) => {
-                self.deliver(request).await?;
-                Err(Status::unavailable(
+            Some(Fault::UnavailableAfter) => match self.deliver(request).await {
+                Ok(_) => Err(Status::unavailable(
                     "injected: response lost after the call",
-                ))
-            }
+                )),
+                Err(e) => Err(e),
+            },
             Some(Fault::Delay(d)) => {
-                tokio::time::sleep(d).await;
-                self.deliver(request).await.map(Response::new)
+                let inner = self.inner.clone();
+                let faults = self.faults.clone();
+                // Detached: the delivery happens even if the caller stops waiting.
+                let late = tokio::spawn(async move {
+                    tokio::time::sleep(d).await;
+                    let answer = inner.handle(request).await;
+                    faults.answered(index, &answer);
+                    answer
+                });
+                return late.await.expect("late delivery").map(Response::new);
             }
             Some(Fault::Duplicate) => {
                 let (first, _second) =
                     tokio::join!(self.deliver(request.clone()), self.deliver(request));
-                first.map(Response::new)
+                first
             }
             Some(fault @ (Fault::HandlerError | Fault::Refuse)) => {
-                let action = action.expect("fault implies a known action");
                 self.handler_faults.0.lock().unwrap().insert(
                     (request.xid.clone(), request.branch_id.clone(), action),
                     fault,
                 );
-                self.deliver(request).await.map(Response::new)
+                self.deliver(request).await
             }
-            None => self.deliver(request).await.map(Response::new),
-        }
+            None => self.deliver(request).await,
+        };
+        self.faults.answered(index, &answer);
+        answer.map(Response::new)
     }
 }
 

@@ -7,7 +7,8 @@
 --   decision     commit | rollback | compensate, once decided
 --   spec         saga: the canonical encoding of the submitted definition (dtx.v1.SubmitSagaRequest)
 --   branch_count TCC: registered branches (bounded by the branch limit under the row lock)
---   owner/epoch  the coordinator instance driving it; epoch grows on every claim and fences writes
+--   owner/fence  the coordinator instance driving it, and its fencing token: a fresh random value
+--                on every claim; a driver's writes require the token it claimed with
 --   due_ms       when recovery must look at it (deadline of an undecided TCC, lease expiry or
 --                next retry of one being driven); NULL once settled
 --
@@ -24,7 +25,7 @@ CREATE TABLE IF NOT EXISTS dtx_global (
     spec         BYTEA        NULL,
     branch_count BIGINT       NOT NULL DEFAULT 0,
     owner        VARCHAR(64)  NULL,
-    epoch        BIGINT       NOT NULL DEFAULT 0,
+    fence        BIGINT       NOT NULL DEFAULT 0,
     due_ms       BIGINT       NULL,
     last_error   TEXT         NULL,
     created_ms   BIGINT       NOT NULL,

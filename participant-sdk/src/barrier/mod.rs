@@ -365,3 +365,26 @@ pub async fn purge<DB: dtx_sql::Backend>(
     let cutoff = now_ms() - retention.as_millis() as i64;
     purge_older_than::<DB>(pool, cutoff, batch).await
 }
+
+/// Runs [`purge`] every `interval` in the background until the returned handle is aborted or
+/// dropped with the runtime. Errors are logged and retried at the next tick.
+pub fn spawn_retention<DB: dtx_sql::Backend>(
+    pool: dtx_sql::sqlx::Pool<DB>,
+    retention: std::time::Duration,
+    batch: u32,
+    interval: std::time::Duration,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(interval);
+        loop {
+            tick.tick().await;
+            match purge::<DB>(&pool, retention, batch).await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(deleted = n, "barrier retention purged rows"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "barrier retention failed; retrying next tick")
+                }
+            }
+        }
+    })
+}

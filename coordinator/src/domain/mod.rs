@@ -1,0 +1,12 @@
+//! Domain types and pure logic: statuses and their allowed transitions, transaction and branch
+//! records, saga plans (dependency graph, what may run or compensate next), retry backoff.
+//! Nothing here does I/O, so all of it is unit- and property-tested directly.
+
+pub mod backoff;
+pub mod graph;
+pub mod record;
+pub mod saga;
+pub mod status;
+
+pub use record::{BranchRow, GlobalRow, TxRecord};
+pub use status::{BranchState, Decision, Kind, TxStatus};

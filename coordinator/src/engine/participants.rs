@@ -1,0 +1,113 @@
+//! Calls to participant services, reduced to what the engine needs to know.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::RwLock;
+use std::time::Duration;
+
+use dtx_proto::v1::participant_client::ParticipantClient;
+use dtx_proto::v1::{BranchAction, BranchRequest, Outcome};
+use tonic::Code;
+use tonic::transport::{Channel, Endpoint};
+
+/// What a participant call established.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CallOutcome {
+    /// SUCCESS, with the result payload.
+    Success(Vec<u8>),
+    /// FAILURE: an explicit refusal without effect.
+    Failure(String),
+    /// The participant rejected the call as malformed (unknown handler, wrong action kind,
+    /// limits): it had no effect and repeating it cannot help.
+    Rejected(String),
+    /// RETRY, a timeout, a transport error, any other gRPC error: the effect may or may not
+    /// have happened.
+    Unknown(String),
+}
+
+/// One branch call.
+#[derive(Debug, Clone)]
+pub struct Call {
+    pub target: String,
+    pub xid: String,
+    pub branch_id: String,
+    pub action: BranchAction,
+    pub handler: String,
+    pub payload: Vec<u8>,
+    pub headers: BTreeMap<String, String>,
+    pub timeout: Duration,
+}
+
+/// Connections to participants, one lazily connected HTTP/2 channel per target (channels
+/// multiplex concurrent calls, so one per target is enough).
+#[derive(Default)]
+pub struct Participants {
+    clients: RwLock<HashMap<String, ParticipantClient<Channel>>>,
+}
+
+impl Participants {
+    fn client(&self, target: &str) -> Result<ParticipantClient<Channel>, String> {
+        if let Some(client) = self.clients.read().expect("participants lock").get(target) {
+            return Ok(client.clone());
+        }
+        let endpoint = Endpoint::from_shared(target.to_string())
+            .map_err(|e| format!("target {target:?} is not a valid endpoint: {e}"))?
+            .connect_timeout(Duration::from_secs(3))
+            .tcp_nodelay(true)
+            .http2_keep_alive_interval(Duration::from_secs(30))
+            .keep_alive_while_idle(false);
+        let client = ParticipantClient::new(endpoint.connect_lazy());
+        self.clients
+            .write()
+            .expect("participants lock")
+            .insert(target.to_string(), client.clone());
+        Ok(client)
+    }
+
+    /// Makes one call, bounded by its timeout.
+    pub async fn call(&self, call: Call) -> CallOutcome {
+        let mut client = match self.client(&call.target) {
+            Ok(client) => client,
+            Err(e) => return CallOutcome::Rejected(e),
+        };
+        let mut request = tonic::Request::new(BranchRequest {
+            xid: call.xid,
+            branch_id: call.branch_id,
+            action: call.action as i32,
+            handler: call.handler,
+            payload: call.payload,
+            headers: call.headers,
+        });
+        request.set_timeout(call.timeout);
+        // The grpc-timeout header asks the server to give up; this bounds our own wait too,
+        // including connection setup.
+        match tokio::time::timeout(call.timeout, client.branch(request)).await {
+            Err(_) => {
+                CallOutcome::Unknown(format!("no answer within {} ms", call.timeout.as_millis()))
+            }
+            Ok(Err(status)) => match status.code() {
+                Code::InvalidArgument
+                | Code::NotFound
+                | Code::FailedPrecondition
+                | Code::Unimplemented => {
+                    CallOutcome::Rejected(format!("{:?}: {}", status.code(), status.message()))
+                }
+                code => CallOutcome::Unknown(format!("{code:?}: {}", status.message())),
+            },
+            Ok(Ok(response)) => {
+                let response = response.into_inner();
+                match response.outcome() {
+                    Outcome::Success => CallOutcome::Success(response.result),
+                    Outcome::Failure => CallOutcome::Failure(if response.message.is_empty() {
+                        String::from_utf8_lossy(&response.result).into_owned()
+                    } else {
+                        response.message
+                    }),
+                    Outcome::Retry => CallOutcome::Unknown(format!("RETRY: {}", response.message)),
+                    Outcome::Unspecified => {
+                        CallOutcome::Unknown("answer without an outcome".into())
+                    }
+                }
+            }
+        }
+    }
+}

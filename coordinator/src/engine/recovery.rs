@@ -1,0 +1,107 @@
+//! Recovery: claims due work from the store and drives it; purges finished transactions.
+//!
+//! Due work is an undecided TCC transaction past its deadline (rolled back), a transaction
+//! whose driver's lease expired (its coordinator crashed or stalled), or a slow retry handed
+//! back to the store. Claims skip rows another instance has locked, so several coordinators on
+//! one PostgreSQL or MySQL/MariaDB share the work without driving a transaction twice at once.
+
+use std::time::Duration;
+
+use dtx_sql::now_ms;
+
+use super::Engine;
+use super::driver::Phase;
+use crate::domain::{Decision, Kind, TxRecord, TxStatus};
+use crate::error::Result;
+use crate::store::{Progress, Write, Written};
+
+pub(super) async fn run(engine: Engine) {
+    let config = engine.inner.config.clone();
+    let mut shutdown = engine.inner.shutdown.subscribe();
+    let mut last_purge = tokio::time::Instant::now();
+    loop {
+        if *shutdown.borrow() {
+            return;
+        }
+        match engine
+            .inner
+            .store
+            .claim_due(&config.instance, config.lease, config.claim_batch)
+            .await
+        {
+            Ok(records) => {
+                let full = records.len() as i64 >= config.claim_batch;
+                for record in records {
+                    let xid = record.global.xid.clone();
+                    if let Err(e) = take_over(&engine, record).await {
+                        tracing::warn!(%xid, error = %e, "could not take over a due transaction");
+                    }
+                }
+                if full {
+                    continue; // more may be due: claim again right away
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "recovery could not claim due work"),
+        }
+        if let Some(retention) = config.retention
+            && last_purge.elapsed() >= Duration::from_secs(60)
+        {
+            last_purge = tokio::time::Instant::now();
+            let before = now_ms() - retention.as_millis() as i64;
+            match engine.inner.store.purge_finished(before, 500).await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(deleted = n, "purged finished transactions"),
+                Err(e) => tracing::warn!(error = %e, "purging finished transactions failed"),
+            }
+        }
+        // Jitter spreads the polls of several instances.
+        let jitter = config.poll_interval.mul_f64(rand::random::<f64>() * 0.2);
+        tokio::select! {
+            _ = tokio::time::sleep(config.poll_interval + jitter) => {}
+            _ = shutdown.changed() => return,
+        }
+    }
+}
+
+/// Drives a claimed transaction (its fencing token is the one the claim installed).
+async fn take_over(engine: &Engine, mut record: TxRecord) -> Result<()> {
+    let g = &record.global;
+    let fence = g.fence;
+    let phase = match (g.kind, g.status, g.decision) {
+        (Kind::Tcc, TxStatus::Trying, _) => {
+            // Undecided at its deadline: roll back (branches whose Try never ran get an
+            // empty rollback from their barrier).
+            let progress = Progress {
+                xid: g.xid.clone(),
+                fence,
+                new_fence: None,
+                from: TxStatus::Trying,
+                to: TxStatus::RollingBack,
+                decision: Some(Decision::Rollback),
+                owner: Some(engine.inner.config.instance.clone()),
+                due_ms: Some(now_ms() + engine.inner.config.lease.as_millis() as i64),
+                last_error: Some("deadline passed before a decision".into()),
+                branches: Vec::new(),
+            };
+            if engine.inner.store.write(Write::Progress(progress)).await? != Written::Applied {
+                return Ok(()); // a client's Rollback won the race; its driver runs it
+            }
+            tracing::info!(xid = %g.xid, "deadline passed undecided: rolling back");
+            record.global.status = TxStatus::RollingBack;
+            Phase::Settle(Decision::Rollback)
+        }
+        (Kind::Saga, TxStatus::Running, _) => Phase::Forward,
+        (_, TxStatus::Committing | TxStatus::RollingBack | TxStatus::Compensating, Some(d)) => {
+            Phase::Settle(d)
+        }
+        (kind, status, decision) => {
+            tracing::warn!(xid = %g.xid, %kind, %status, ?decision, "claimed a transaction with nothing to do");
+            return Ok(());
+        }
+    };
+    engine.inner.metrics.recovered();
+    tracing::info!(xid = %record.global.xid, status = %record.global.status, "taking over");
+    let job = engine.job(&record, fence, phase)?;
+    engine.spawn(job);
+    Ok(())
+}

@@ -1,0 +1,43 @@
+//! The coordinator's one error type. Each variant is a distinct, documented gRPC code (see
+//! `dtx.proto`); the conversion to `tonic::Status` lives in [`crate::grpc`].
+
+use dtx_proto::limits::LimitError;
+
+use crate::domain::TxStatus;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Malformed input or a limit exceeded; nothing was stored. -> INVALID_ARGUMENT
+    #[error("{0}")]
+    Invalid(#[from] LimitError),
+    /// -> NOT_FOUND
+    #[error("no transaction with xid {0:?}")]
+    UnknownXid(String),
+    /// The key was used before with different content; the stored content is untouched.
+    /// -> ALREADY_EXISTS
+    #[error("{0}")]
+    Conflict(String),
+    /// A decision that contradicts the recorded one. -> ABORTED
+    #[error("{message}")]
+    Decided { message: String, status: TxStatus },
+    /// The transaction is not in a state that allows the call. -> FAILED_PRECONDITION
+    #[error("{0}")]
+    WrongState(String),
+    /// The store failed or its commit outcome is unknown; the call is safe to repeat.
+    /// -> UNAVAILABLE
+    #[error("store unavailable: {0}")]
+    Store(#[from] dtx_sql::sqlx::Error),
+    #[error("store migration failed: {0}")]
+    Migrate(#[from] dtx_sql::sqlx::migrate::MigrateError),
+    /// The store holds something the coordinator cannot read (a bug or manual edit). -> INTERNAL
+    #[error("corrupt store row: {0}")]
+    Corrupt(String),
+    /// Binding or serving the network failed.
+    #[error("network: {0}")]
+    Io(#[from] std::io::Error),
+    /// The coordinator is shutting down. -> UNAVAILABLE
+    #[error("coordinator is shutting down")]
+    ShuttingDown,
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

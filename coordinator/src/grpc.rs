@@ -1,0 +1,293 @@
+//! The `dtx.v1.Coordinator` service: request conversion, engine calls, and the one place where
+//! errors become gRPC codes.
+
+use std::time::Duration;
+
+use dtx_proto::limits;
+use dtx_proto::v1 as wire;
+use dtx_proto::v1::coordinator_server::{Coordinator, CoordinatorServer};
+use tonic::{Request, Response, Status};
+use tracing::Instrument;
+
+use crate::domain::{BranchState, Decision, Kind, TxRecord, TxStatus};
+use crate::engine::{Engine, NewBranch};
+use crate::error::Error;
+
+/// The gRPC face of an [`Engine`].
+pub struct CoordinatorService {
+    engine: Engine,
+}
+
+impl CoordinatorService {
+    pub fn new(engine: Engine) -> CoordinatorServer<Self> {
+        CoordinatorServer::new(CoordinatorService { engine })
+            // Our own limits (64 KiB payloads, 64 steps) must fire with their clear messages
+            // before tonic's generic 4 MiB decoding limit does.
+            .max_decoding_message_size(16 * 1024 * 1024)
+    }
+}
+
+impl From<Error> for Status {
+    fn from(e: Error) -> Status {
+        match e {
+            Error::Invalid(e) => Status::invalid_argument(e.0),
+            Error::UnknownXid(_) => Status::not_found(e.to_string()),
+            Error::Conflict(m) => Status::already_exists(m),
+            Error::Decided { message, status } => {
+                let mut s = Status::aborted(message);
+                if let Ok(v) = status.as_str().parse() {
+                    s.metadata_mut().insert("dtx-status", v);
+                }
+                s
+            }
+            Error::WrongState(m) => Status::failed_precondition(m),
+            Error::Store(_) | Error::Migrate(_) | Error::Io(_) | Error::ShuttingDown => {
+                Status::unavailable(e.to_string())
+            }
+            Error::Corrupt(_) => Status::internal(e.to_string()),
+        }
+    }
+}
+
+pub fn wire_status(status: TxStatus) -> wire::TxStatus {
+    match status {
+        TxStatus::Trying => wire::TxStatus::Trying,
+        TxStatus::Committing => wire::TxStatus::Committing,
+        TxStatus::Committed => wire::TxStatus::Committed,
+        TxStatus::RollingBack => wire::TxStatus::RollingBack,
+        TxStatus::RolledBack => wire::TxStatus::RolledBack,
+        TxStatus::Running => wire::TxStatus::Running,
+        TxStatus::Succeeded => wire::TxStatus::Succeeded,
+        TxStatus::Compensating => wire::TxStatus::Compensating,
+        TxStatus::Compensated => wire::TxStatus::Compensated,
+        TxStatus::NeedsAttention => wire::TxStatus::NeedsAttention,
+    }
+}
+
+fn wire_branch_status(state: BranchState) -> wire::BranchStatus {
+    match state {
+        BranchState::Pending => wire::BranchStatus::Pending,
+        BranchState::InDoubt => wire::BranchStatus::InDoubt,
+        BranchState::Done => wire::BranchStatus::Done,
+        BranchState::Refused => wire::BranchStatus::Refused,
+        BranchState::Confirmed => wire::BranchStatus::Confirmed,
+        BranchState::Cancelled => wire::BranchStatus::Cancelled,
+        BranchState::Compensated => wire::BranchStatus::Compensated,
+        BranchState::Stuck => wire::BranchStatus::Stuck,
+        BranchState::Skipped => wire::BranchStatus::Skipped,
+    }
+}
+
+/// The wire form of a transaction, with saga dependencies from its definition.
+fn wire_transaction(record: TxRecord) -> wire::Transaction {
+    let g = record.global;
+    let deps = saga_dependencies(g.spec.as_deref());
+    wire::Transaction {
+        branches: record
+            .branches
+            .into_iter()
+            .map(|b| wire::Branch {
+                depends_on: deps.get(&b.branch_id).cloned().unwrap_or_default(),
+                status: wire_branch_status(b.state) as i32,
+                attempts: b.attempts.clamp(0, i64::from(u32::MAX)) as u32,
+                last_error: b.last_error.unwrap_or_default(),
+                result: b.result.unwrap_or_default(),
+                branch_id: b.branch_id,
+                target: b.target,
+                handler: b.handler,
+            })
+            .collect(),
+        xid: g.xid,
+        kind: match g.kind {
+            Kind::Tcc => wire::TxKind::Tcc,
+            Kind::Saga => wire::TxKind::Saga,
+        } as i32,
+        status: wire_status(g.status) as i32,
+        decision: g
+            .decision
+            .map(|d| d.as_str().to_string())
+            .unwrap_or_default(),
+        deadline_unix_ms: g.deadline_ms,
+        created_unix_ms: g.created_ms,
+        updated_unix_ms: g.updated_ms,
+        last_error: g.last_error.unwrap_or_default(),
+    }
+}
+
+fn saga_dependencies(spec: Option<&[u8]>) -> std::collections::HashMap<String, Vec<String>> {
+    use prost::Message;
+    spec.and_then(|s| wire::SubmitSagaRequest::decode(s).ok())
+        .map(|req| {
+            req.steps
+                .into_iter()
+                .map(|s| (s.name, s.depends_on))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn non_empty(s: String) -> Option<String> {
+    (!s.is_empty()).then_some(s)
+}
+
+fn wait_for(wait: bool, millis: u64) -> Result<Option<Duration>, Status> {
+    if !wait {
+        return Ok(None);
+    }
+    limits::timeout(
+        "wait_timeout_ms",
+        millis,
+        Duration::from_secs(30),
+        limits::MAX_WAIT,
+    )
+    .map(Some)
+    .map_err(|e| Status::invalid_argument(e.0))
+}
+
+macro_rules! traced {
+    ($name:literal, $xid:expr, $body:expr) => {{
+        let span = tracing::info_span!($name, xid = %$xid);
+        async move { $body }.instrument(span).await
+    }};
+}
+
+#[tonic::async_trait]
+impl Coordinator for CoordinatorService {
+    async fn begin(
+        &self,
+        request: Request<wire::BeginRequest>,
+    ) -> Result<Response<wire::BeginResponse>, Status> {
+        let req = request.into_inner();
+        traced!("begin", req.xid, {
+            let row = self
+                .engine
+                .begin(non_empty(req.xid), req.timeout_ms)
+                .await?;
+            Ok(Response::new(wire::BeginResponse {
+                xid: row.xid,
+                deadline_unix_ms: row.deadline_ms,
+                status: wire_status(row.status) as i32,
+            }))
+        })
+    }
+
+    async fn register_branch(
+        &self,
+        request: Request<wire::RegisterBranchRequest>,
+    ) -> Result<Response<wire::RegisterBranchResponse>, Status> {
+        let req = request.into_inner();
+        traced!("register_branch", req.xid, {
+            let call_timeout = limits::timeout(
+                "call_timeout_ms",
+                req.call_timeout_ms,
+                limits::DEFAULT_CALL_TIMEOUT,
+                limits::MAX_CALL_TIMEOUT,
+            )
+            .map_err(Error::from)?;
+            let branch = NewBranch {
+                branch_id: req.branch_id,
+                target: req.target,
+                handler: req.handler,
+                payload: req.payload,
+                headers: req.headers,
+                call_timeout,
+            };
+            self.engine.register_branch(req.xid, branch).await?;
+            Ok(Response::new(wire::RegisterBranchResponse {}))
+        })
+    }
+
+    async fn commit(
+        &self,
+        request: Request<wire::DecideRequest>,
+    ) -> Result<Response<wire::DecideResponse>, Status> {
+        let req = request.into_inner();
+        traced!("commit", req.xid, {
+            let wait = wait_for(req.wait, req.wait_timeout_ms)?;
+            let status = self
+                .engine
+                .decide(req.xid.clone(), Decision::Commit, wait)
+                .await?;
+            Ok(Response::new(wire::DecideResponse {
+                xid: req.xid,
+                status: wire_status(status) as i32,
+            }))
+        })
+    }
+
+    async fn rollback(
+        &self,
+        request: Request<wire::DecideRequest>,
+    ) -> Result<Response<wire::DecideResponse>, Status> {
+        let req = request.into_inner();
+        traced!("rollback", req.xid, {
+            let wait = wait_for(req.wait, req.wait_timeout_ms)?;
+            let status = self
+                .engine
+                .decide(req.xid.clone(), Decision::Rollback, wait)
+                .await?;
+            Ok(Response::new(wire::DecideResponse {
+                xid: req.xid,
+                status: wire_status(status) as i32,
+            }))
+        })
+    }
+
+    async fn submit_saga(
+        &self,
+        request: Request<wire::SubmitSagaRequest>,
+    ) -> Result<Response<wire::SubmitSagaResponse>, Status> {
+        let req = request.into_inner();
+        traced!("submit_saga", req.xid, {
+            let row = self.engine.submit_saga(req).await?;
+            Ok(Response::new(wire::SubmitSagaResponse {
+                xid: row.xid,
+                status: wire_status(row.status) as i32,
+                deadline_unix_ms: row.deadline_ms,
+            }))
+        })
+    }
+
+    async fn get(
+        &self,
+        request: Request<wire::GetRequest>,
+    ) -> Result<Response<wire::Transaction>, Status> {
+        let req = request.into_inner();
+        traced!("get", req.xid, {
+            Ok(Response::new(wire_transaction(
+                self.engine.get(&req.xid).await?,
+            )))
+        })
+    }
+
+    async fn wait(
+        &self,
+        request: Request<wire::WaitRequest>,
+    ) -> Result<Response<wire::Transaction>, Status> {
+        let req = request.into_inner();
+        traced!("wait", req.xid, {
+            let timeout = limits::timeout(
+                "timeout_ms",
+                req.timeout_ms,
+                Duration::from_secs(30),
+                limits::MAX_WAIT,
+            )
+            .map_err(Error::from)?;
+            Ok(Response::new(wire_transaction(
+                self.engine.wait(&req.xid, timeout).await?,
+            )))
+        })
+    }
+
+    async fn resume(
+        &self,
+        request: Request<wire::ResumeRequest>,
+    ) -> Result<Response<wire::Transaction>, Status> {
+        let req = request.into_inner();
+        traced!("resume", req.xid, {
+            Ok(Response::new(wire_transaction(
+                self.engine.resume(&req.xid).await?,
+            )))
+        })
+    }
+}

@@ -1,0 +1,141 @@
+//! Runs the coordinator: store, engine, gRPC server (with health and reflection), metrics.
+
+use std::future::Future;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+
+use crate::config::Config;
+use crate::engine::Engine;
+use crate::error::Result;
+use crate::grpc::CoordinatorService;
+
+/// Serves on `listener` until `shutdown` completes, then stops accepting calls and lets the
+/// drivers hand their transactions back to the store (so another instance, or the next start,
+/// continues them at once).
+pub async fn run(
+    config: Config,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<()> {
+    let store = crate::store::open(&config.store, config.store_options()).await?;
+    let engine = Engine::new(store, config.engine());
+    engine.start_background();
+    tracing::info!(
+        addr = %listener.local_addr()?,
+        store = %redact(&config.store),
+        instance = %engine.config().instance,
+        "coordinator serving"
+    );
+
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health
+        .set_serving::<dtx_proto::v1::coordinator_server::CoordinatorServer<CoordinatorService>>()
+        .await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(dtx_proto::v1::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(|e| crate::Error::Corrupt(format!("reflection: {e}")))?;
+
+    if let Some(addr) = config.metrics_listen {
+        let metrics_listener = TcpListener::bind(addr).await?;
+        tokio::spawn(serve_metrics(metrics_listener, engine.clone()));
+    }
+
+    let grace = Duration::from_millis(config.shutdown_grace_ms);
+    let stopping = engine.clone();
+    let stop = async move {
+        shutdown.await;
+        tracing::info!("shutting down");
+        stopping.shutdown(grace).await;
+    };
+    tonic::transport::Server::builder()
+        .add_service(health_service)
+        .add_service(reflection)
+        .add_service(CoordinatorService::new(engine.clone()))
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), stop)
+        .await
+        .map_err(|e| crate::Error::Corrupt(format!("grpc server: {e}")))?;
+    Ok(())
+}
+
+/// What the `coordinator` binary does: bind `config.listen` and serve until SIGTERM or
+/// Ctrl-C.
+pub async fn run_until_signal(config: Config) -> Result<()> {
+    let listener = TcpListener::bind(config.listen).await?;
+    run(config, listener, shutdown_signal()).await
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("install SIGTERM handler");
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    ctrl_c.await.ok();
+}
+
+/// Logs to stderr with `RUST_LOG` filtering (default `info`).
+pub fn init_logging() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+/// The store URL without its password, for logs.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let creds = &url[scheme + 3..at];
+            let user = creds.split(':').next().unwrap_or("");
+            format!("{}{user}:***{}", &url[..scheme + 3], &url[at..])
+        }
+        _ => url.to_string(),
+    }
+}
+
+/// A minimal HTTP endpoint answering every request with the Prometheus text of the metrics.
+async fn serve_metrics(listener: TcpListener, engine: Engine) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    loop {
+        let Ok((mut socket, _)) = listener.accept().await else {
+            continue;
+        };
+        let engine = engine.clone();
+        tokio::spawn(async move {
+            let mut buf = [0u8; 1024];
+            let _ = socket.read(&mut buf).await;
+            let (commits, writes) = engine.store().stats().snapshot();
+            let body = engine.metrics().render(commits, writes);
+            let head = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: text/plain; version=0.0.4\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                body.len()
+            );
+            let _ = socket.write_all(head.as_bytes()).await;
+            let _ = socket.write_all(body.as_bytes()).await;
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn passwords_are_not_logged() {
+        assert_eq!(
+            super::redact("postgres://u:secret@h/db"),
+            "postgres://u:***@h/db"
+        );
+        assert_eq!(super::redact("sqlite://x.db"), "sqlite://x.db");
+    }
+}

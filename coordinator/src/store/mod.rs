@@ -1,0 +1,183 @@
+//! Durable state behind a small trait, one implementation for all three databases.
+//!
+//! Every state change is a [`Write`]: a conditional statement set (expected status, fencing
+//! token) that either applies completely or reports why not. Writes go through one
+//! group-commit path per pool ([`writer`]): concurrent writes of many transactions are applied
+//! in one database transaction and each caller is answered when that commit is durable. With a
+//! batch size of one this is plain per-call commits; raising it is configuration.
+
+mod sql;
+mod writer;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+
+use crate::domain::{BranchRow, Decision, GlobalRow, TxRecord, TxStatus};
+use crate::error::{Error, Result};
+
+pub use sql::SqlStore;
+pub(crate) use sql::new_fence;
+
+/// A durable state change.
+#[derive(Debug, Clone)]
+pub enum Write {
+    /// Creates a TCC transaction in TRYING unless the xid exists.
+    BeginTcc {
+        xid: String,
+        timeout_ms: i64,
+        deadline_ms: i64,
+    },
+    /// Adds a branch to a TRYING transaction before its deadline, within the branch limit.
+    RegisterBranch {
+        xid: String,
+        branch: BranchRow,
+        max_branches: i64,
+    },
+    /// TRYING -> COMMITTING/ROLLING_BACK (Commit only before the deadline), claiming the
+    /// transaction for `owner` with a fresh fencing token; answers with the branches to drive.
+    Decide {
+        xid: String,
+        decision: Decision,
+        owner: String,
+        fence: i64,
+        due_ms: i64,
+    },
+    /// Creates a saga (its whole definition in one row) unless the xid exists.
+    SubmitSaga { global: GlobalRow },
+    /// A fenced change by the transaction's driver.
+    Progress(Progress),
+}
+
+/// A fenced change of a transaction's status, ownership and branch progress.
+#[derive(Debug, Clone)]
+pub struct Progress {
+    pub xid: String,
+    /// The fencing token the writer holds; the write applies only if it is still current.
+    pub fence: i64,
+    /// A fresh token to install (a claim), or `None` to keep `fence`.
+    pub new_fence: Option<i64>,
+    pub from: TxStatus,
+    pub to: TxStatus,
+    /// Recorded if `Some`; an existing decision is kept otherwise.
+    pub decision: Option<Decision>,
+    /// `None` releases the transaction (for recovery to pick up at `due_ms`).
+    pub owner: Option<String>,
+    /// When recovery must look at it again; `None` once settled.
+    pub due_ms: Option<i64>,
+    /// Why the transaction is where it is (turned to compensation, parked); `None` keeps what
+    /// is recorded.
+    pub last_error: Option<String>,
+    /// Branch states to record (inserted for saga steps seen the first time).
+    pub branches: Vec<BranchRow>,
+}
+
+/// What a [`Write`] did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Written {
+    /// The transaction row was created.
+    Inserted,
+    /// The xid already exists: this is its row (the caller decides whether that is a repeat).
+    Exists(GlobalRow),
+    /// No transaction has this xid.
+    Missing,
+    /// The branch was added.
+    Registered,
+    /// The branch was not added: the transaction's current row and the branch if it exists.
+    NotRegistered {
+        global: GlobalRow,
+        existing: Option<BranchRow>,
+    },
+    /// The decision is recorded; drive these branches.
+    Decided { branches: Vec<BranchRow> },
+    /// The change applied.
+    Applied,
+    /// The fencing token or expected status no longer matched: someone else owns it now.
+    Fenced,
+}
+
+/// Counters of the store's own work, for benchmarks and metrics.
+#[derive(Debug, Default)]
+pub struct StoreStats {
+    /// Database transactions committed by writes and claims.
+    pub commits: AtomicU64,
+    /// Writes applied (each belongs to one commit).
+    pub writes: AtomicU64,
+}
+
+impl StoreStats {
+    pub fn snapshot(&self) -> (u64, u64) {
+        (
+            self.commits.load(Ordering::Relaxed),
+            self.writes.load(Ordering::Relaxed),
+        )
+    }
+}
+
+/// The coordinator's durable state.
+pub trait Store: Send + Sync + 'static {
+    /// Applies one write through the group-commit path; returns once it is durable.
+    fn write(&self, write: Write) -> BoxFuture<'_, Result<Written>>;
+
+    /// Reads a transaction and its branches.
+    fn get<'a>(&'a self, xid: &'a str) -> BoxFuture<'a, Result<Option<TxRecord>>>;
+
+    /// Claims up to `limit` transactions whose `due_ms` passed (deadline of an undecided TCC
+    /// transaction, expired lease, retry time) for `owner`, each with a fresh fencing token and
+    /// `due_ms = now + lease`. Rows locked by another claimer are skipped.
+    fn claim_due<'a>(
+        &'a self,
+        owner: &'a str,
+        lease: Duration,
+        limit: i64,
+    ) -> BoxFuture<'a, Result<Vec<TxRecord>>>;
+
+    /// Deletes settled-terminal transactions last updated before `before_ms`, at most `batch`
+    /// per round, until none is left. Returns how many transactions were deleted.
+    fn purge_finished(&self, before_ms: i64, batch: i64) -> BoxFuture<'_, Result<u64>>;
+
+    fn stats(&self) -> &StoreStats;
+}
+
+/// How the store batches writes.
+#[derive(Debug, Clone, Copy)]
+pub struct StoreOptions {
+    /// Most writes grouped into one database commit.
+    pub max_batch: usize,
+    /// Concurrent writer tasks (each holds one connection while it commits a batch).
+    pub writers: usize,
+    /// Connections in the pool.
+    pub max_connections: u32,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        StoreOptions {
+            max_batch: 128,
+            writers: 2,
+            max_connections: 16,
+        }
+    }
+}
+
+/// Opens the store a URL names (`sqlite://...`, `postgres://...`, `mysql://...`), creating
+/// the schema if needed.
+pub async fn open(url: &str, options: StoreOptions) -> Result<Arc<dyn Store>> {
+    use dtx_sql::Dialect;
+    match dtx_sql::dialect_of_url(url) {
+        Some(Dialect::Postgres) => Ok(Arc::new(
+            SqlStore::<dtx_sql::sqlx::Postgres>::open(url, options).await?,
+        )),
+        Some(Dialect::MySql) => Ok(Arc::new(
+            SqlStore::<dtx_sql::sqlx::MySql>::open(url, options).await?,
+        )),
+        Some(Dialect::Sqlite) => Ok(Arc::new(
+            SqlStore::<dtx_sql::sqlx::Sqlite>::open(url, options).await?,
+        )),
+        None => Err(Error::Invalid(dtx_proto::limits::LimitError(format!(
+            "store URL {url:?} must start with sqlite://, postgres:// or mysql://"
+        )))),
+    }
+}

@@ -1,0 +1,484 @@
+//! The store on PostgreSQL, MySQL/MariaDB and SQLite: every statement the coordinator runs.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use dtx_sql::sqlx::Pool;
+use dtx_sql::{Arg, Backend, Conn, Dialect, Schema, Sql, SqlRow, args, insert_ignore, now_ms};
+use futures::future::BoxFuture;
+
+use super::writer::Writer;
+use super::{Progress, Store, StoreOptions, StoreStats, Write, Written};
+use crate::domain::record::{decode_headers, encode_headers};
+use crate::domain::{BranchRow, BranchState, Decision, GlobalRow, Kind, TxRecord, TxStatus};
+use crate::error::{Error, Result};
+
+const SELECT_GLOBAL: &str = "SELECT xid, kind, status, decision, timeout_ms, deadline_ms, spec, \
+     branch_count, owner, fence, due_ms, last_error, created_ms, updated_ms \
+     FROM dtx_global WHERE xid = ?";
+
+const SELECT_BRANCHES: &str = "SELECT branch_id, seq, target, handler, payload, headers, \
+     call_timeout_ms, status, attempts, last_error, result \
+     FROM dtx_branch WHERE xid = ? ORDER BY seq";
+
+const INSERT_GLOBAL: Sql = insert_ignore!(
+    "dtx_global (xid, kind, status, decision, timeout_ms, deadline_ms, spec, branch_count, \
+     owner, fence, due_ms, last_error, created_ms, updated_ms) \
+     VALUES (?, ?, ?, ?, ?, ?, ?, 0, ?, ?, ?, NULL, ?, ?)"
+);
+
+/// Locks the TRYING row and counts the new branch in one statement: a concurrent decision
+/// waits for it (and then sees the branch), or it waits for the decision (and then matches
+/// nothing), so no branch is ever added behind a decision's back.
+const COUNT_BRANCH: &str = "UPDATE dtx_global SET branch_count = branch_count + 1 \
+     WHERE xid = ? AND kind = 'tcc' AND status = 'TRYING' AND deadline_ms > ? AND branch_count < ?";
+
+const UNCOUNT_BRANCH: &str = "UPDATE dtx_global SET branch_count = branch_count - 1 WHERE xid = ?";
+
+const INSERT_BRANCH: Sql = insert_ignore!(
+    "dtx_branch (xid, branch_id, seq, target, handler, payload, headers, call_timeout_ms, \
+     status, attempts, last_error, result, updated_ms) \
+     VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'PENDING', 0, NULL, NULL, ?)"
+);
+
+const SELECT_BRANCH: &str = "SELECT branch_id, seq, target, handler, payload, headers, \
+     call_timeout_ms, status, attempts, last_error, result \
+     FROM dtx_branch WHERE xid = ? AND branch_id = ?";
+
+const DECIDE_COMMIT: &str = "UPDATE dtx_global SET status = 'COMMITTING', decision = 'commit', \
+     owner = ?, fence = ?, due_ms = ?, updated_ms = ? \
+     WHERE xid = ? AND status = 'TRYING' AND deadline_ms > ?";
+
+const DECIDE_ROLLBACK: &str = "UPDATE dtx_global SET status = 'ROLLING_BACK', \
+     decision = 'rollback', owner = ?, fence = ?, due_ms = ?, updated_ms = ? \
+     WHERE xid = ? AND status = 'TRYING'";
+
+const PROGRESS: &str = "UPDATE dtx_global SET status = ?, decision = COALESCE(?, decision), \
+     owner = ?, fence = ?, due_ms = ?, last_error = COALESCE(?, last_error), updated_ms = ? \
+     WHERE xid = ? AND fence = ? AND status = ?";
+
+/// Rows whose recovery time passed. Other claimers skip the rows this one locked.
+const DUE: Sql = Sql {
+    postgres: "SELECT xid FROM dtx_global WHERE due_ms <= ? ORDER BY due_ms LIMIT ? \
+               FOR UPDATE SKIP LOCKED",
+    mysql: "SELECT xid FROM dtx_global WHERE due_ms <= ? ORDER BY due_ms LIMIT ? \
+            FOR UPDATE SKIP LOCKED",
+    // SQLite has one writer at a time: BEGIN IMMEDIATE already excludes other claimers.
+    sqlite: "SELECT xid FROM dtx_global WHERE due_ms <= ? ORDER BY due_ms LIMIT ?",
+};
+
+const ANY_DUE: &str = "SELECT xid FROM dtx_global WHERE due_ms <= ? LIMIT 1";
+
+const CLAIM: &str = "UPDATE dtx_global SET owner = ?, fence = ?, due_ms = ?, updated_ms = ? \
+     WHERE xid = ? AND due_ms <= ?";
+
+const FINISHED: &str = "SELECT xid FROM dtx_global WHERE status IN \
+     ('COMMITTED', 'ROLLED_BACK', 'SUCCEEDED', 'COMPENSATED') AND updated_ms < ? LIMIT ?";
+
+/// The store on database `DB`.
+pub struct SqlStore<DB: Backend> {
+    pool: Pool<DB>,
+    writer: Writer,
+    stats: Arc<StoreStats>,
+}
+
+impl<DB: Backend> SqlStore<DB> {
+    /// Connects, applies the coordinator schema, and starts the writer tasks.
+    pub async fn open(url: &str, options: StoreOptions) -> Result<Self> {
+        let pool = DB::connect(url, options.max_connections).await?;
+        DB::migrate(&pool, Schema::Coordinator).await?;
+        let stats = Arc::new(StoreStats::default());
+        let writer = Writer::start::<DB>(pool.clone(), options, stats.clone());
+        Ok(SqlStore {
+            pool,
+            writer,
+            stats,
+        })
+    }
+
+    async fn read(&self, xid: &str) -> Result<Option<TxRecord>> {
+        let mut conn = self.pool.acquire().await?;
+        let conn = DB::pooled(&mut conn);
+        let Some(global) = read_global(conn, xid).await? else {
+            return Ok(None);
+        };
+        let branches = read_branches(conn, xid).await?;
+        Ok(Some(TxRecord { global, branches }))
+    }
+
+    async fn claim(&self, owner: &str, lease: Duration, limit: i64) -> Result<Vec<TxRecord>> {
+        let now = now_ms();
+        // A plain read first: an idle coordinator polls without opening write transactions.
+        {
+            let mut conn = self.pool.acquire().await?;
+            if DB::pooled(&mut conn)
+                .fetch_optional(ANY_DUE, args![now])
+                .await?
+                .is_none()
+            {
+                return Ok(Vec::new());
+            }
+        }
+        let due_ms = now + lease.as_millis() as i64;
+        let mut tx = DB::begin(&self.pool).await?;
+        let conn = DB::conn(&mut tx);
+        let rows = conn
+            .fetch_all(DUE.pick(<DB::Conn as Conn>::DIALECT), args![now, limit])
+            .await?;
+        let mut claimed = Vec::with_capacity(rows.len());
+        for row in rows {
+            let xid = row.text(0)?;
+            let fence = new_fence();
+            let n = conn
+                .execute(CLAIM, args![owner, fence, due_ms, now, xid.as_str(), now])
+                .await?;
+            if n == 1 {
+                claimed.push(xid);
+            }
+        }
+        tx.commit().await?;
+        self.stats.commits.fetch_add(1, Ordering::Relaxed);
+        let mut records = Vec::with_capacity(claimed.len());
+        for xid in claimed {
+            if let Some(record) = self.read(&xid).await? {
+                records.push(record);
+            }
+        }
+        Ok(records)
+    }
+
+    async fn purge(&self, before_ms: i64, batch: i64) -> Result<u64> {
+        let mut total = 0;
+        loop {
+            let mut tx = DB::begin(&self.pool).await?;
+            let conn = DB::conn(&mut tx);
+            let xids: Vec<String> = conn
+                .fetch_all(FINISHED, args![before_ms, batch])
+                .await?
+                .iter()
+                .map(|r| r.text(0))
+                .collect::<std::result::Result<_, _>>()?;
+            if !xids.is_empty() {
+                let marks = vec!["?"; xids.len()].join(", ");
+                let list: Vec<Arg<'_>> = xids.iter().map(Arg::from).collect();
+                conn.execute_dynamic(
+                    format!("DELETE FROM dtx_branch WHERE xid IN ({marks})"),
+                    &list,
+                )
+                .await?;
+                conn.execute_dynamic(
+                    format!("DELETE FROM dtx_global WHERE xid IN ({marks})"),
+                    &list,
+                )
+                .await?;
+            }
+            tx.commit().await?;
+            total += xids.len() as u64;
+            if (xids.len() as i64) < batch {
+                return Ok(total);
+            }
+        }
+    }
+}
+
+impl<DB: Backend> Store for SqlStore<DB> {
+    fn write(&self, write: Write) -> BoxFuture<'_, Result<Written>> {
+        Box::pin(self.writer.submit(write))
+    }
+
+    fn get<'a>(&'a self, xid: &'a str) -> BoxFuture<'a, Result<Option<TxRecord>>> {
+        Box::pin(self.read(xid))
+    }
+
+    fn claim_due<'a>(
+        &'a self,
+        owner: &'a str,
+        lease: Duration,
+        limit: i64,
+    ) -> BoxFuture<'a, Result<Vec<TxRecord>>> {
+        Box::pin(self.claim(owner, lease, limit))
+    }
+
+    fn purge_finished(&self, before_ms: i64, batch: i64) -> BoxFuture<'_, Result<u64>> {
+        Box::pin(self.purge(before_ms, batch.max(1)))
+    }
+
+    fn stats(&self) -> &StoreStats {
+        &self.stats
+    }
+}
+
+/// A fresh fencing token.
+pub(crate) fn new_fence() -> i64 {
+    rand::random::<i64>() & i64::MAX
+}
+
+/// Applies one write inside the batch's open transaction.
+pub(super) async fn apply<C: Conn>(conn: &mut C, write: &Write) -> Result<Written> {
+    let now = now_ms();
+    match write {
+        Write::BeginTcc {
+            xid,
+            timeout_ms,
+            deadline_ms,
+        } => {
+            let inserted = conn
+                .execute(
+                    INSERT_GLOBAL.pick(C::DIALECT),
+                    args![
+                        xid.as_str(),
+                        Kind::Tcc.as_str(),
+                        TxStatus::Trying.as_str(),
+                        None::<&str>,
+                        *timeout_ms,
+                        *deadline_ms,
+                        None::<&[u8]>,
+                        None::<&str>,
+                        0i64,
+                        *deadline_ms,
+                        now,
+                        now
+                    ],
+                )
+                .await?;
+            existing_unless_inserted(conn, xid, inserted).await
+        }
+        Write::SubmitSaga { global: g } => {
+            let inserted = conn
+                .execute(
+                    INSERT_GLOBAL.pick(C::DIALECT),
+                    args![
+                        g.xid.as_str(),
+                        g.kind.as_str(),
+                        g.status.as_str(),
+                        g.decision.map(Decision::as_str),
+                        g.timeout_ms,
+                        g.deadline_ms,
+                        g.spec.as_ref(),
+                        g.owner.as_ref(),
+                        g.fence,
+                        g.due_ms,
+                        now,
+                        now
+                    ],
+                )
+                .await?;
+            existing_unless_inserted(conn, &g.xid, inserted).await
+        }
+        Write::RegisterBranch {
+            xid,
+            branch: b,
+            max_branches,
+        } => {
+            let counted = conn
+                .execute(COUNT_BRANCH, args![xid.as_str(), now, *max_branches])
+                .await?;
+            if counted == 1 {
+                let headers = encode_headers(&b.headers);
+                let inserted = conn
+                    .execute(
+                        INSERT_BRANCH.pick(C::DIALECT),
+                        args![
+                            xid.as_str(),
+                            b.branch_id.as_str(),
+                            b.seq,
+                            b.target.as_str(),
+                            b.handler.as_str(),
+                            &b.payload,
+                            &headers,
+                            b.call_timeout_ms,
+                            now
+                        ],
+                    )
+                    .await?;
+                if inserted == 1 {
+                    return Ok(Written::Registered);
+                }
+                conn.execute(UNCOUNT_BRANCH, args![xid.as_str()]).await?;
+            }
+            let Some(global) = read_global(conn, xid).await? else {
+                return Ok(Written::Missing);
+            };
+            let existing = read_branch(conn, xid, &b.branch_id).await?;
+            Ok(Written::NotRegistered { global, existing })
+        }
+        Write::Decide {
+            xid,
+            decision,
+            owner,
+            fence,
+            due_ms,
+        } => {
+            let claim = args![owner.as_str(), *fence, *due_ms, now, xid.as_str(), now];
+            let n = match decision {
+                // Commit only before the deadline; Rollback whatever the deadline.
+                Decision::Commit => conn.execute(DECIDE_COMMIT, claim).await?,
+                _ => conn.execute(DECIDE_ROLLBACK, &claim[..5]).await?,
+            };
+            if n == 1 {
+                let branches = read_branches(conn, xid).await?;
+                return Ok(Written::Decided { branches });
+            }
+            existing_unless_inserted(conn, xid, 0).await
+        }
+        Write::Progress(p) => progress(conn, p, now).await,
+    }
+}
+
+async fn existing_unless_inserted<C: Conn>(
+    conn: &mut C,
+    xid: &str,
+    inserted: u64,
+) -> Result<Written> {
+    if inserted == 1 {
+        return Ok(Written::Inserted);
+    }
+    Ok(match read_global(conn, xid).await? {
+        Some(row) => Written::Exists(row),
+        None => Written::Missing,
+    })
+}
+
+async fn progress<C: Conn>(conn: &mut C, p: &Progress, now: i64) -> Result<Written> {
+    debug_assert!(p.from.can_become(p.to), "{} -> {}", p.from, p.to);
+    let n = conn
+        .execute(
+            PROGRESS,
+            args![
+                p.to.as_str(),
+                p.decision.map(Decision::as_str),
+                p.owner.as_ref(),
+                p.new_fence.unwrap_or(p.fence),
+                p.due_ms,
+                p.last_error.as_ref(),
+                now,
+                p.xid.as_str(),
+                p.fence,
+                p.from.as_str()
+            ],
+        )
+        .await?;
+    if n != 1 {
+        return Ok(Written::Fenced);
+    }
+    if !p.branches.is_empty() {
+        upsert_branches(conn, &p.xid, &p.branches, now).await?;
+    }
+    Ok(Written::Applied)
+}
+
+/// Records branch progress in one statement: inserts saga steps seen the first time, updates
+/// state, attempts, last error and result of existing rows.
+async fn upsert_branches<C: Conn>(
+    conn: &mut C,
+    xid: &str,
+    branches: &[BranchRow],
+    now: i64,
+) -> Result<()> {
+    let row = "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
+    let rows = vec![row; branches.len()].join(", ");
+    let conflict = match C::DIALECT {
+        Dialect::MySql => {
+            "ON DUPLICATE KEY UPDATE status = VALUES(status), attempts = VALUES(attempts), \
+             last_error = VALUES(last_error), result = VALUES(result), updated_ms = VALUES(updated_ms)"
+        }
+        Dialect::Postgres | Dialect::Sqlite => {
+            "ON CONFLICT (xid, branch_id) DO UPDATE SET status = excluded.status, \
+             attempts = excluded.attempts, last_error = excluded.last_error, \
+             result = excluded.result, updated_ms = excluded.updated_ms"
+        }
+    };
+    let sql = format!(
+        "INSERT INTO dtx_branch (xid, branch_id, seq, target, handler, status, attempts, \
+         last_error, result, updated_ms) VALUES {rows} {conflict}"
+    );
+    let mut list: Vec<Arg<'_>> = Vec::with_capacity(branches.len() * 10);
+    for b in branches {
+        list.extend_from_slice(args![
+            xid,
+            b.branch_id.as_str(),
+            b.seq,
+            b.target.as_str(),
+            b.handler.as_str(),
+            b.state.as_str(),
+            b.attempts,
+            b.last_error.as_ref(),
+            b.result.as_ref(),
+            now
+        ]);
+    }
+    conn.execute_dynamic(sql, &list).await?;
+    Ok(())
+}
+
+fn corrupt(what: &str, value: &str) -> Error {
+    Error::Corrupt(format!("unknown {what} {value:?}"))
+}
+
+async fn read_global<C: Conn>(conn: &mut C, xid: &str) -> Result<Option<GlobalRow>> {
+    let Some(r) = conn.fetch_optional(SELECT_GLOBAL, args![xid]).await? else {
+        return Ok(None);
+    };
+    let kind = r.text(1)?;
+    let status = r.text(2)?;
+    let decision = r.opt_text(3)?;
+    Ok(Some(GlobalRow {
+        xid: r.text(0)?,
+        kind: Kind::parse(&kind).ok_or_else(|| corrupt("kind", &kind))?,
+        status: TxStatus::parse(&status).ok_or_else(|| corrupt("status", &status))?,
+        decision: match decision {
+            Some(d) => Some(Decision::parse(&d).ok_or_else(|| corrupt("decision", &d))?),
+            None => None,
+        },
+        timeout_ms: r.i64(4)?,
+        deadline_ms: r.i64(5)?,
+        spec: r.opt_bytes(6)?,
+        branch_count: r.i64(7)?,
+        owner: r.opt_text(8)?,
+        fence: r.i64(9)?,
+        due_ms: r.opt_i64(10)?,
+        last_error: r.opt_text(11)?,
+        created_ms: r.i64(12)?,
+        updated_ms: r.i64(13)?,
+    }))
+}
+
+fn branch_from_row<R: SqlRow>(r: &R) -> Result<BranchRow> {
+    let state = r.text(7)?;
+    Ok(BranchRow {
+        branch_id: r.text(0)?,
+        seq: r.i64(1)?,
+        target: r.text(2)?,
+        handler: r.text(3)?,
+        payload: r.opt_bytes(4)?.unwrap_or_default(),
+        headers: decode_headers(&r.opt_bytes(5)?.unwrap_or_default()),
+        call_timeout_ms: r.i64(6)?,
+        state: BranchState::parse(&state).ok_or_else(|| corrupt("branch state", &state))?,
+        attempts: r.i64(8)?,
+        last_error: r.opt_text(9)?,
+        result: r.opt_bytes(10)?,
+    })
+}
+
+async fn read_branches<C: Conn>(conn: &mut C, xid: &str) -> Result<Vec<BranchRow>> {
+    conn.fetch_all(SELECT_BRANCHES, args![xid])
+        .await?
+        .iter()
+        .map(branch_from_row)
+        .collect()
+}
+
+async fn read_branch<C: Conn>(
+    conn: &mut C,
+    xid: &str,
+    branch_id: &str,
+) -> Result<Option<BranchRow>> {
+    match conn
+        .fetch_optional(SELECT_BRANCH, args![xid, branch_id])
+        .await?
+    {
+        Some(r) => Ok(Some(branch_from_row(&r)?)),
+        None => Ok(None),
+    }
+}

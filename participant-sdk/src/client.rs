@@ -1,0 +1,589 @@
+//! The initiator's client: TCC transactions and sagas.
+//!
+//! TCC:
+//! ```no_run
+//! # async fn run() -> Result<(), dtx_sdk::Error> {
+//! use dtx_sdk::client::{Coordinator, TccBranch, TccOptions};
+//! let coordinator = Coordinator::connect("http://127.0.0.1:50070").await?;
+//! let receipt = coordinator
+//!     .tcc(TccOptions::default(), |tx| async move {
+//!         tx.call(TccBranch::new("http://accounts:50051", "debit", b"alice:10".to_vec())).await?;
+//!         tx.call(TccBranch::new("http://accounts:50051", "credit", b"bob:10".to_vec())).await?;
+//!         Ok::<_, dtx_sdk::Error>(tx.xid().to_string())
+//!     })
+//!     .await?;
+//! # Ok(()) }
+//! ```
+//! `tcc` commits when the closure returns `Ok` and rolls back when it returns `Err` - which is
+//! what happens when a Try is refused (FAILURE) or its outcome is unknown: an unknown Try is
+//! never committed.
+//!
+//! Saga:
+//! ```no_run
+//! # async fn run() -> Result<(), dtx_sdk::Error> {
+//! use dtx_sdk::client::{Coordinator, SagaStep};
+//! let coordinator = Coordinator::connect("http://127.0.0.1:50070").await?;
+//! let outcome = coordinator
+//!     .saga()
+//!     .step(SagaStep::new("reserve", "http://inventory:50051", "reserve").payload(b"sku-1:2".to_vec()))
+//!     .step(SagaStep::new("charge", "http://payment:50051", "charge").payload(b"alice:30".to_vec()))
+//!     .submit()
+//!     .await?
+//!     .await_outcome(std::time::Duration::from_secs(30))
+//!     .await?;
+//! assert!(outcome.succeeded());
+//! # Ok(()) }
+//! ```
+
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use dtx_proto::v1::coordinator_client::CoordinatorClient;
+use dtx_proto::v1::participant_client::ParticipantClient;
+use dtx_proto::v1::{self as wire, BranchAction, Outcome, TxStatus};
+use tonic::Code;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::Error;
+
+/// Options of a TCC transaction.
+#[derive(Debug, Clone)]
+pub struct TccOptions {
+    /// The global transaction id; generated if `None`. Choose one to make Begin retry-safe.
+    pub xid: Option<String>,
+    /// Rolled back automatically if not decided within this time.
+    pub timeout: Duration,
+    /// Timeout of each Try call, and of Confirm/Cancel calls made by the coordinator.
+    pub call_timeout: Duration,
+    /// Retries of a Try answered RETRY or UNAVAILABLE before giving up (and rolling back).
+    pub try_retries: u32,
+    /// Wait until phase two finished (every Confirm/Cancel delivered) before `commit`
+    /// returns; `None` returns once the decision is durable.
+    pub wait_phase_two: Option<Duration>,
+}
+
+impl Default for TccOptions {
+    fn default() -> Self {
+        TccOptions {
+            xid: None,
+            timeout: Duration::from_secs(60),
+            call_timeout: Duration::from_secs(10),
+            try_retries: 2,
+            wait_phase_two: Some(Duration::from_secs(30)),
+        }
+    }
+}
+
+/// A branch of a TCC transaction: which participant and handler, and the payload its Try,
+/// Confirm and Cancel receive.
+#[derive(Debug, Clone)]
+pub struct TccBranch {
+    pub target: String,
+    pub handler: String,
+    pub payload: Vec<u8>,
+    pub headers: BTreeMap<String, String>,
+    /// Defaults to "b1", "b2", ... in call order.
+    pub branch_id: Option<String>,
+}
+
+impl TccBranch {
+    pub fn new(target: impl Into<String>, handler: impl Into<String>, payload: Vec<u8>) -> Self {
+        TccBranch {
+            target: target.into(),
+            handler: handler.into(),
+            payload,
+            headers: BTreeMap::new(),
+            branch_id: None,
+        }
+    }
+
+    pub fn id(mut self, branch_id: impl Into<String>) -> Self {
+        self.branch_id = Some(branch_id.into());
+        self
+    }
+
+    pub fn header(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.headers.insert(key.into(), value.into());
+        self
+    }
+}
+
+/// A connection to a coordinator (and to the participants whose Try it invokes). Cheap to
+/// clone.
+#[derive(Clone)]
+pub struct Coordinator {
+    client: CoordinatorClient<Channel>,
+    participants: Arc<RwLock<HashMap<String, ParticipantClient<Channel>>>>,
+}
+
+fn endpoint(url: &str) -> Result<Endpoint, Error> {
+    Ok(Endpoint::from_shared(url.to_string())
+        .map_err(|e| {
+            Error::Limit(dtx_proto::limits::LimitError(format!(
+                "{url:?} is not a valid endpoint: {e}"
+            )))
+        })?
+        .connect_timeout(Duration::from_secs(3))
+        .tcp_nodelay(true))
+}
+
+/// Runs an idempotent coordinator RPC, repeating it while the coordinator is UNAVAILABLE.
+async fn idempotent<T, F, Fut>(mut rpc: F) -> Result<T, Error>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+{
+    let mut delay = Duration::from_millis(50);
+    for _ in 0..4 {
+        match rpc().await {
+            Err(status) if status.code() == Code::Unavailable => {
+                tokio::time::sleep(delay).await;
+                delay *= 2;
+            }
+            other => return other.map(tonic::Response::into_inner).map_err(Error::from),
+        }
+    }
+    Ok(rpc().await?.into_inner())
+}
+
+/// `idempotent` for one coordinator method: each attempt clones the client and the request.
+macro_rules! rpc {
+    ($client:expr, $method:ident, $request:expr) => {
+        idempotent(|| {
+            let mut client = $client.clone();
+            let request = $request.clone();
+            async move { client.$method(request).await }
+        })
+    };
+}
+
+impl Coordinator {
+    /// Connects to the coordinator at `url` (e.g. `http://127.0.0.1:50070`).
+    pub async fn connect(url: &str) -> Result<Self, Error> {
+        Ok(Self::from_channel(endpoint(url)?.connect().await?))
+    }
+
+    pub fn from_channel(channel: Channel) -> Self {
+        Coordinator {
+            client: CoordinatorClient::new(channel).max_decoding_message_size(16 * 1024 * 1024),
+            participants: Arc::default(),
+        }
+    }
+
+    fn participant(&self, target: &str) -> Result<ParticipantClient<Channel>, Error> {
+        if let Some(client) = self.participants.read().expect("participants").get(target) {
+            return Ok(client.clone());
+        }
+        let client = ParticipantClient::new(endpoint(target)?.connect_lazy());
+        self.participants
+            .write()
+            .expect("participants")
+            .insert(target.to_string(), client.clone());
+        Ok(client)
+    }
+
+    /// Begins a TCC transaction.
+    pub async fn begin(&self, options: TccOptions) -> Result<TccTransaction, Error> {
+        let request = wire::BeginRequest {
+            xid: options
+                .xid
+                .clone()
+                .unwrap_or_else(|| uuid::Uuid::new_v4().to_string()),
+            timeout_ms: options.timeout.as_millis() as u64,
+        };
+        let begun = rpc!(self.client, begin, request).await?;
+        Ok(TccTransaction {
+            xid: begun.xid,
+            options,
+            coordinator: self.clone(),
+            branches: Arc::new(AtomicU32::new(0)),
+        })
+    }
+
+    /// Runs `body` in a TCC transaction: commits if it returns `Ok`, rolls back if it returns
+    /// `Err` (the error is returned after the rollback was requested).
+    pub async fn tcc<T, E, F, Fut>(&self, options: TccOptions, body: F) -> Result<T, E>
+    where
+        E: From<Error>,
+        F: FnOnce(TccTransaction) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        let tx = self.begin(options).await?;
+        match body(tx.clone()).await {
+            Ok(value) => {
+                tx.commit().await?;
+                Ok(value)
+            }
+            Err(e) => {
+                if let Err(rollback) = tx.rollback().await {
+                    // The deadline rolls it back anyway; the caller's error matters more.
+                    tracing::warn!(xid = %tx.xid, error = %rollback, "rollback request failed");
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Starts defining a saga.
+    pub fn saga(&self) -> SagaBuilder {
+        SagaBuilder {
+            coordinator: self.clone(),
+            request: wire::SubmitSagaRequest::default(),
+        }
+    }
+
+    /// Reads a transaction.
+    pub async fn get(&self, xid: &str) -> Result<wire::Transaction, Error> {
+        let request = wire::GetRequest {
+            xid: xid.to_string(),
+        };
+        rpc!(self.client, get, request).await
+    }
+
+    /// Waits until the transaction is settled or `timeout` elapsed; returns it either way.
+    pub async fn wait(&self, xid: &str, timeout: Duration) -> Result<wire::Transaction, Error> {
+        let request = wire::WaitRequest {
+            xid: xid.to_string(),
+            timeout_ms: timeout.as_millis().max(1) as u64,
+        };
+        let mut client = self.client.clone();
+        let mut call = tonic::Request::new(request);
+        call.set_timeout(timeout + Duration::from_secs(5));
+        Ok(client.wait(call).await?.into_inner())
+    }
+
+    /// Operator action: resumes a transaction parked in NEEDS_ATTENTION.
+    pub async fn resume(&self, xid: &str) -> Result<wire::Transaction, Error> {
+        let request = wire::ResumeRequest {
+            xid: xid.to_string(),
+        };
+        Ok(self.client.clone().resume(request).await?.into_inner())
+    }
+}
+
+/// An open TCC transaction. Cheap to clone.
+#[derive(Clone)]
+pub struct TccTransaction {
+    xid: String,
+    options: TccOptions,
+    coordinator: Coordinator,
+    branches: Arc<AtomicU32>,
+}
+
+impl TccTransaction {
+    pub fn xid(&self) -> &str {
+        &self.xid
+    }
+
+    /// Registers the branch with the coordinator (durably, so a rollback will Cancel it even
+    /// if the Try never arrives), then invokes its Try. Returns the Try's result; a refusal is
+    /// [`Error::BranchRefused`], an unknown outcome [`Error::BranchInDoubt`] - after either the
+    /// transaction must roll back.
+    pub async fn call(&self, branch: TccBranch) -> Result<Vec<u8>, Error> {
+        let branch_id = branch
+            .branch_id
+            .clone()
+            .unwrap_or_else(|| format!("b{}", self.branches.fetch_add(1, Ordering::Relaxed) + 1));
+        let register = wire::RegisterBranchRequest {
+            xid: self.xid.clone(),
+            branch_id: branch_id.clone(),
+            target: branch.target.clone(),
+            handler: branch.handler.clone(),
+            payload: branch.payload.clone(),
+            headers: branch.headers.clone(),
+            call_timeout_ms: self.options.call_timeout.as_millis() as u64,
+        };
+        rpc!(self.coordinator.client, register_branch, register).await?;
+        let request = wire::BranchRequest {
+            xid: self.xid.clone(),
+            branch_id: branch_id.clone(),
+            action: BranchAction::Try as i32,
+            handler: branch.handler,
+            payload: branch.payload,
+            headers: branch.headers,
+        };
+        let mut last = String::new();
+        for attempt in 0..=self.options.try_retries {
+            if attempt > 0 {
+                tokio::time::sleep(Duration::from_millis(50 << attempt.min(6))).await;
+            }
+            let mut participant = self.coordinator.participant(&branch.target)?;
+            let mut call = tonic::Request::new(request.clone());
+            call.set_timeout(self.options.call_timeout);
+            let answer =
+                tokio::time::timeout(self.options.call_timeout, participant.branch(call)).await;
+            match answer {
+                Ok(Ok(response)) => {
+                    let response = response.into_inner();
+                    match response.outcome() {
+                        Outcome::Success => return Ok(response.result),
+                        Outcome::Failure => {
+                            return Err(Error::BranchRefused {
+                                xid: self.xid.clone(),
+                                branch_id,
+                                message: response.message,
+                            });
+                        }
+                        Outcome::Retry | Outcome::Unspecified => {
+                            last = format!("RETRY: {}", response.message)
+                        }
+                    }
+                }
+                Ok(Err(status)) => match status.code() {
+                    Code::Unavailable
+                    | Code::Unknown
+                    | Code::Internal
+                    | Code::DeadlineExceeded
+                    | Code::Cancelled => {
+                        last = format!("{:?}: {}", status.code(), status.message());
+                    }
+                    // Rejected as malformed: no effect, and repeating cannot help.
+                    _ => return Err(Error::Rpc(status)),
+                },
+                Err(_) => {
+                    // A timed-out Try may still commit later; it is not retried (the retry
+                    // would race it) - the rollback's Cancel and the barrier settle it.
+                    return Err(Error::BranchInDoubt {
+                        xid: self.xid.clone(),
+                        branch_id,
+                        message: format!(
+                            "no answer within {} ms",
+                            self.options.call_timeout.as_millis()
+                        ),
+                    });
+                }
+            }
+        }
+        Err(Error::BranchInDoubt {
+            xid: self.xid.clone(),
+            branch_id,
+            message: last,
+        })
+    }
+
+    /// Decides Commit (durable before it returns); waits for phase two if the options say so.
+    pub async fn commit(&self) -> Result<TxStatus, Error> {
+        self.decide(true).await
+    }
+
+    /// Decides Rollback; every registered branch gets its Cancel.
+    pub async fn rollback(&self) -> Result<TxStatus, Error> {
+        self.decide(false).await
+    }
+
+    async fn decide(&self, commit: bool) -> Result<TxStatus, Error> {
+        let request = wire::DecideRequest {
+            xid: self.xid.clone(),
+            wait: self.options.wait_phase_two.is_some(),
+            wait_timeout_ms: self
+                .options
+                .wait_phase_two
+                .map_or(0, |d| d.as_millis() as u64),
+        };
+        let client = &self.coordinator.client;
+        let response = if commit {
+            rpc!(client, commit, request).await?
+        } else {
+            rpc!(client, rollback, request).await?
+        };
+        Ok(response.status())
+    }
+}
+
+/// A saga step: participant, handler, payloads, dependencies, policy.
+#[derive(Debug, Clone)]
+pub struct SagaStep(wire::SagaStep);
+
+impl SagaStep {
+    /// A step named `name` (unique in the saga; also its barrier branch id) calling `handler`
+    /// (an action/compensate pair) on the participant at `target`.
+    pub fn new(
+        name: impl Into<String>,
+        target: impl Into<String>,
+        handler: impl Into<String>,
+    ) -> Self {
+        SagaStep(wire::SagaStep {
+            name: name.into(),
+            target: target.into(),
+            handler: handler.into(),
+            ..Default::default()
+        })
+    }
+
+    /// The action's payload (also the compensation's, unless set separately).
+    pub fn payload(mut self, payload: Vec<u8>) -> Self {
+        self.0.action_payload = payload;
+        self
+    }
+
+    pub fn compensate_payload(mut self, payload: Vec<u8>) -> Self {
+        self.0.compensate_payload = payload;
+        self
+    }
+
+    /// Runs only after these steps succeeded. Without any `after` in the saga, steps run in
+    /// the order they were added.
+    pub fn after<I, S>(mut self, steps: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.0.depends_on.extend(steps.into_iter().map(Into::into));
+        self
+    }
+
+    pub fn retry(mut self, policy: RetryPolicy) -> Self {
+        self.0.retry = Some(policy.into());
+        self
+    }
+
+    pub fn header(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.0.headers.insert(key.into(), value.into());
+        self
+    }
+}
+
+/// How the coordinator retries calls whose outcome is unknown.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RetryPolicy {
+    /// Attempts of an action before the saga compensates (0: the coordinator's default, 5).
+    pub max_attempts: u32,
+    pub initial_backoff: Duration,
+    pub max_backoff: Duration,
+    /// Timeout of one call (an expired call has an unknown outcome).
+    pub call_timeout: Duration,
+}
+
+impl From<RetryPolicy> for wire::RetryPolicy {
+    fn from(p: RetryPolicy) -> Self {
+        wire::RetryPolicy {
+            max_attempts: p.max_attempts,
+            initial_backoff_ms: p.initial_backoff.as_millis() as u64,
+            max_backoff_ms: p.max_backoff.as_millis() as u64,
+            call_timeout_ms: p.call_timeout.as_millis() as u64,
+        }
+    }
+}
+
+/// Builds a saga definition; [`SagaBuilder::submit`] stores it in one durable write.
+pub struct SagaBuilder {
+    coordinator: Coordinator,
+    request: wire::SubmitSagaRequest,
+}
+
+impl SagaBuilder {
+    /// The saga's id (generated if not set). Submitting the same definition again under the
+    /// same xid is harmless; a different definition is rejected.
+    pub fn xid(mut self, xid: impl Into<String>) -> Self {
+        self.request.xid = xid.into();
+        self
+    }
+
+    /// Forward progress must finish within this time, or the saga compensates.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.request.timeout_ms = timeout.as_millis() as u64;
+        self
+    }
+
+    /// The retry policy of every step that does not set its own.
+    pub fn retry(mut self, policy: RetryPolicy) -> Self {
+        self.request.retry = Some(policy.into());
+        self
+    }
+
+    /// Sent with every call of every step.
+    pub fn header(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.request.headers.insert(key.into(), value.into());
+        self
+    }
+
+    pub fn step(mut self, step: SagaStep) -> Self {
+        self.request.steps.push(step.0);
+        self
+    }
+
+    /// The definition as it goes on the wire.
+    pub fn definition(&self) -> &wire::SubmitSagaRequest {
+        &self.request
+    }
+
+    /// Submits the saga. Invalid definitions (cycles, unknown dependencies, duplicate names,
+    /// limits) are rejected with `INVALID_ARGUMENT` and nothing is stored.
+    pub async fn submit(mut self) -> Result<SagaHandle, Error> {
+        if self.request.xid.is_empty() {
+            self.request.xid = uuid::Uuid::new_v4().to_string();
+        }
+        let client = &self.coordinator.client;
+        let request = self.request;
+        let submitted = rpc!(client, submit_saga, request).await?;
+        Ok(SagaHandle {
+            xid: submitted.xid,
+            coordinator: self.coordinator,
+        })
+    }
+}
+
+/// A submitted saga.
+pub struct SagaHandle {
+    xid: String,
+    coordinator: Coordinator,
+}
+
+impl SagaHandle {
+    pub fn xid(&self) -> &str {
+        &self.xid
+    }
+
+    /// Waits for the saga's outcome (long-polling the coordinator). Returns
+    /// [`Error::NotSettled`] if it is still running after `timeout`.
+    pub async fn await_outcome(&self, timeout: Duration) -> Result<SagaOutcome, Error> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let tx = self
+                .coordinator
+                .wait(&self.xid, left.max(Duration::from_millis(1)))
+                .await?;
+            let status = tx.status();
+            if status.is_settled() {
+                return Ok(SagaOutcome(tx));
+            }
+            if left.is_zero() {
+                return Err(Error::NotSettled {
+                    xid: self.xid.clone(),
+                    status: status.as_str_name().to_string(),
+                });
+            }
+        }
+    }
+}
+
+/// The settled state of a saga.
+#[derive(Debug, Clone)]
+pub struct SagaOutcome(pub wire::Transaction);
+
+impl SagaOutcome {
+    pub fn status(&self) -> TxStatus {
+        self.0.status()
+    }
+
+    pub fn succeeded(&self) -> bool {
+        self.status() == TxStatus::Succeeded
+    }
+
+    /// The result payload of a step's action (empty if it did not succeed).
+    pub fn result(&self, step: &str) -> Option<&[u8]> {
+        self.0
+            .branches
+            .iter()
+            .find(|b| b.branch_id == step)
+            .map(|b| b.result.as_slice())
+    }
+
+    pub fn steps(&self) -> &[wire::Branch] {
+        &self.0.branches
+    }
+}

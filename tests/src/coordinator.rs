@@ -1,0 +1,167 @@
+//! Real coordinators for tests: in-process (a real gRPC server on port 0, fast to start) or as
+//! a separate process of the coordinator binary, which tests SIGKILL and restart.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use clap::Parser;
+use dtx_coordinator::config::Config;
+use dtx_sdk::client::Coordinator;
+use tokio::net::TcpListener;
+use tokio::process::{Child, Command};
+use tokio::sync::oneshot;
+
+/// Flags every test coordinator gets: short leases and polls so takeovers happen within a test.
+pub const FAST: &[&str] = &[
+    "--lease-ms",
+    "1000",
+    "--poll-ms",
+    "100",
+    "--shutdown-grace-ms",
+    "500",
+];
+
+fn config(store: &str, extra: &[&str]) -> Config {
+    let mut args = vec!["coordinator", "--store", store, "--listen", "127.0.0.1:0"];
+    args.extend_from_slice(FAST);
+    args.extend_from_slice(extra);
+    Config::try_parse_from(args).expect("test coordinator flags")
+}
+
+/// A coordinator running in this process.
+pub struct InProcess {
+    pub url: String,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl InProcess {
+    /// Starts a coordinator on `store` (a database URL) with [`FAST`] settings plus `extra` flags.
+    pub async fn start(store: &str, extra: &[&str]) -> InProcess {
+        let config = config(store, extra);
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            dtx_coordinator::server::run(config, listener, async {
+                stopped.await.ok();
+            })
+            .await
+            .expect("coordinator");
+        });
+        wait_until_serving(&url).await;
+        InProcess {
+            url,
+            stop: Some(stop),
+            task: Some(task),
+        }
+    }
+
+    pub async fn client(&self) -> Coordinator {
+        Coordinator::connect(&self.url)
+            .await
+            .expect("connect to coordinator")
+    }
+
+    /// Graceful stop (drivers hand their transactions back to the store).
+    pub async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            stop.send(()).ok();
+        }
+        if let Some(task) = self.task.take() {
+            task.await.ok();
+        }
+    }
+}
+
+impl Drop for InProcess {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            stop.send(()).ok();
+        }
+    }
+}
+
+/// A coordinator process (the real binary); killed when dropped.
+pub struct Process {
+    pub url: String,
+    pub addr: SocketAddr,
+    child: Child,
+}
+
+/// A free loopback port (bound and released; the process binds it right after).
+async fn free_addr() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    listener.local_addr().unwrap()
+}
+
+impl Process {
+    /// Starts `bin` (pass `env!("CARGO_BIN_EXE_test-coordinator")`) on `store`.
+    pub async fn start(bin: &str, store: &str, extra: &[&str]) -> Process {
+        Self::start_on(bin, store, free_addr().await, extra).await
+    }
+
+    /// Starts it on a given address (to restart "the same" coordinator).
+    pub async fn start_on(bin: &str, store: &str, addr: SocketAddr, extra: &[&str]) -> Process {
+        let listen = addr.to_string();
+        let mut args = vec!["--store", store, "--listen", listen.as_str()];
+        args.extend_from_slice(FAST);
+        args.extend_from_slice(extra);
+        let log = std::env::var("DTX_TEST_COORDINATOR_LOG").ok();
+        let child = Command::new(PathBuf::from(bin))
+            .args(&args)
+            .env("RUST_LOG", log.as_deref().unwrap_or("warn"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn coordinator process");
+        let url = format!("http://{addr}");
+        wait_until_serving(&url).await;
+        Process { url, addr, child }
+    }
+
+    pub async fn client(&self) -> Coordinator {
+        Coordinator::connect(&self.url)
+            .await
+            .expect("connect to coordinator")
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id().expect("running")
+    }
+
+    /// SIGKILL: no shutdown code runs, leases stay until they expire.
+    pub async fn kill(mut self) {
+        self.child.start_kill().expect("SIGKILL");
+        self.child.wait().await.expect("reap");
+    }
+
+    /// SIGTERM: the graceful path.
+    pub async fn terminate(mut self) -> std::process::ExitStatus {
+        let pid = self.pid();
+        // Safe: signals our own child.
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status();
+        self.child.wait().await.expect("reap")
+    }
+}
+
+async fn wait_until_serving(url: &str) {
+    for _ in 0..200 {
+        if let Ok(c) = Coordinator::connect(url).await {
+            // Serving once an RPC gets an answer (NOT_FOUND is an answer).
+            if c.get("probe")
+                .await
+                .is_err_and(|e| !matches!(e, dtx_sdk::Error::Transport(_)))
+            {
+                return;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("coordinator at {url} did not start");
+}

@@ -1,0 +1,66 @@
+//! A small world for end-to-end tests: one database (holding the coordinator's tables, the
+//! participant's barrier and the ledger), the bank participant on a real gRPC port, and an
+//! in-process coordinator on the same database.
+
+use dtx_sdk::client::Coordinator;
+use dtx_sql::Schema;
+use tonic::transport::Server;
+
+use crate::coordinator::InProcess;
+use crate::db::{TestBackend, TestDb};
+use crate::ledger;
+use crate::net::{RunningServer, serve};
+use crate::participant::{Bank, Faults};
+
+/// Every schema an end-to-end test needs.
+pub const SCHEMAS: &[Schema] = &[Schema::Coordinator, Schema::Barrier];
+
+/// Starting balance of the accounts `alice`, `bob` and `carol`.
+pub const START: i64 = 1_000_000;
+
+pub struct World<DB: TestBackend> {
+    pub db: &'static TestDb<DB>,
+    /// URL of the bank participant.
+    pub bank: String,
+    pub faults: Faults,
+    pub coordinator: InProcess,
+    pub client: Coordinator,
+    pub bank_server: RunningServer,
+}
+
+impl<DB: TestBackend> World<DB>
+where
+    DB::Conn: 'static,
+{
+    /// The bank and a coordinator (with [`crate::coordinator::FAST`] settings plus `flags`).
+    pub async fn start(db: &'static TestDb<DB>, flags: &[&str]) -> World<DB> {
+        ledger::create_tables(&db.pool).await;
+        for account in ["alice", "bob", "carol"] {
+            ledger::open_account(&db.pool, account, START).await;
+        }
+        let faults = Faults::default();
+        let bank_server = serve(
+            Server::builder()
+                .add_service(Bank::new(db.pool.clone(), faults.clone()).into_service()),
+        )
+        .await;
+        let coordinator = InProcess::start(&db.url, flags).await;
+        let client = coordinator.client().await;
+        World {
+            db,
+            bank: bank_server.url(),
+            faults,
+            coordinator,
+            client,
+            bank_server,
+        }
+    }
+
+    pub async fn account(&self, id: &str) -> (i64, i64) {
+        ledger::account(&self.db.pool, id).await
+    }
+
+    pub async fn effects(&self, xid: &str, branch: &str, kind: &str) -> i64 {
+        ledger::effects(&self.db.pool, xid, branch, kind).await
+    }
+}

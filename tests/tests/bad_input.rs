@@ -1,0 +1,576 @@
+//! The bad-input table: every coordinator RPC (and the participant service) gets malformed,
+//! conflicting and out-of-order input. Each row checks the gRPC code, that the message says
+//! what is wrong, and that the database is exactly as before the call: nothing partial is ever
+//! written. On SQLite, PostgreSQL and MariaDB.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use dtx_proto::v1::coordinator_client::CoordinatorClient;
+use dtx_proto::v1::participant_client::ParticipantClient;
+use dtx_proto::v1::*;
+use dtx_sql::{Backend, Conn, SqlRow};
+use dtx_tests::db::{TestBackend, TestDb};
+use dtx_tests::participant::payload;
+use dtx_tests::test_on_all_databases;
+use dtx_tests::world::{SCHEMAS, World};
+use futures::future::BoxFuture;
+use tonic::transport::Channel;
+use tonic::{Code, Status};
+
+/// Every row of the coordinator's tables, as text (updated_ms included: any write shows).
+async fn snapshot<DB: Backend>(pool: &dtx_sql::sqlx::Pool<DB>) -> Vec<String> {
+    let mut tx = DB::begin(pool).await.unwrap();
+    let conn = DB::conn(&mut tx);
+    let mut out = Vec::new();
+    for row in conn
+        .fetch_all(
+            "SELECT xid, status, decision, branch_count, updated_ms, spec FROM dtx_global ORDER BY xid",
+            &[],
+        )
+        .await
+        .unwrap()
+    {
+        out.push(format!(
+            "g {} {} {:?} {} {} {:?}",
+            row.text(0).unwrap(),
+            row.text(1).unwrap(),
+            row.opt_text(2).unwrap(),
+            row.i64(3).unwrap(),
+            row.i64(4).unwrap(),
+            row.opt_bytes(5).unwrap().map(|s| s.len())
+        ));
+    }
+    for row in conn
+        .fetch_all(
+            "SELECT xid, branch_id, status, attempts, payload, target FROM dtx_branch ORDER BY xid, branch_id",
+            &[],
+        )
+        .await
+        .unwrap()
+    {
+        out.push(format!(
+            "b {} {} {} {} {:?} {}",
+            row.text(0).unwrap(),
+            row.text(1).unwrap(),
+            row.text(2).unwrap(),
+            row.i64(3).unwrap(),
+            row.opt_bytes(4).unwrap(),
+            row.text(5).unwrap()
+        ));
+    }
+    tx.commit().await.unwrap();
+    out
+}
+
+type Call = BoxFuture<'static, Result<(), Status>>;
+
+fn ignore<T>(r: Result<tonic::Response<T>, Status>) -> Result<(), Status> {
+    r.map(|_| ())
+}
+
+fn saga_step(name: &str, target: &str, deps: &[&str]) -> SagaStep {
+    SagaStep {
+        name: name.into(),
+        target: target.into(),
+        handler: "debit".into(),
+        action_payload: payload("alice", 1),
+        depends_on: deps.iter().map(|d| d.to_string()).collect(),
+        ..Default::default()
+    }
+}
+
+fn branch(xid: &str, id: &str, target: &str) -> RegisterBranchRequest {
+    RegisterBranchRequest {
+        xid: xid.into(),
+        branch_id: id.into(),
+        target: target.into(),
+        handler: "transfer".into(),
+        payload: payload("alice", 1),
+        ..Default::default()
+    }
+}
+
+async fn malformed_and_conflicting_input_is_rejected_without_writing<DB: TestBackend>(
+    db: &'static TestDb<DB>,
+) where
+    DB::Conn: 'static,
+{
+    let w = World::start(db, &[]).await;
+    let bank = w.bank.clone();
+    let channel = Channel::from_shared(w.coordinator.url.clone())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let c = CoordinatorClient::new(channel).max_decoding_message_size(64 << 20);
+
+    // Fixtures: an open TCC transaction with one branch, a committed one, a rolled-back one
+    // (all three settled before the table runs), and a finished saga.
+    let mut setup = c.clone();
+    let begin = |xid: &str| BeginRequest {
+        xid: xid.into(),
+        timeout_ms: 600_000,
+    };
+    for xid in ["open", "open2", "committed", "rolled-back"] {
+        setup.begin(begin(xid)).await.unwrap();
+    }
+    setup
+        .register_branch(branch("open", "b1", &bank))
+        .await
+        .unwrap();
+    setup
+        .register_branch(branch("open2", "b1", &bank))
+        .await
+        .unwrap();
+    let wait = |xid: &str| DecideRequest {
+        xid: xid.into(),
+        wait: true,
+        wait_timeout_ms: 10_000,
+    };
+    setup.commit(wait("committed")).await.unwrap();
+    setup.rollback(wait("rolled-back")).await.unwrap();
+    let saga = SubmitSagaRequest {
+        xid: "saga".into(),
+        steps: vec![saga_step("s1", &bank, &[])],
+        ..Default::default()
+    };
+    setup.submit_saga(saga.clone()).await.unwrap();
+    setup
+        .wait(WaitRequest {
+            xid: "saga".into(),
+            timeout_ms: 10_000,
+        })
+        .await
+        .unwrap();
+    for i in 0..63 {
+        setup
+            .register_branch(branch("open", &format!("f{i}"), &bank))
+            .await
+            .unwrap();
+    }
+
+    let long_xid = "x".repeat(129);
+    let big = vec![0u8; 64 * 1024 + 1];
+    let many_headers: BTreeMap<String, String> =
+        (0..33).map(|i| (format!("h{i}"), "v".into())).collect();
+    let mut cases: Vec<(&str, Call, Code, &str)> = Vec::new();
+    macro_rules! case {
+        ($name:expr, $code:expr, $needle:expr, $method:ident($request:expr)) => {{
+            let (mut client, request) = (c.clone(), $request);
+            cases.push((
+                $name,
+                Box::pin(async move { ignore(client.$method(request).await) }),
+                $code,
+                $needle,
+            ));
+        }};
+    }
+    use Code::*;
+    // Begin
+    case!(
+        "begin: xid outside the charset",
+        InvalidArgument,
+        "charset",
+        begin(begin("bad xid"))
+    );
+    case!(
+        "begin: xid too long",
+        InvalidArgument,
+        "limit of 128 bytes",
+        begin(begin(&long_xid))
+    );
+    case!(
+        "begin: timeout too long",
+        InvalidArgument,
+        "timeout_ms",
+        begin(BeginRequest {
+            xid: "t".into(),
+            timeout_ms: u64::MAX
+        })
+    );
+    case!(
+        "begin: same xid, other timeout",
+        AlreadyExists,
+        "already used",
+        begin(BeginRequest {
+            xid: "open".into(),
+            timeout_ms: 5_000
+        })
+    );
+    case!(
+        "begin: a saga's xid",
+        AlreadyExists,
+        "already used",
+        begin(begin("saga"))
+    );
+    // RegisterBranch
+    case!(
+        "register: unknown xid",
+        NotFound,
+        "no transaction",
+        register_branch(branch("nope", "b1", &bank))
+    );
+    case!(
+        "register: empty branch id",
+        InvalidArgument,
+        "branch_id must not be empty",
+        register_branch(branch("open", "", &bank))
+    );
+    case!(
+        "register: branch id too long",
+        InvalidArgument,
+        "limit of 64 bytes",
+        register_branch(branch("open", &"b".repeat(65), &bank))
+    );
+    case!(
+        "register: target not a URI",
+        InvalidArgument,
+        "target",
+        register_branch(branch("open", "b2", "not a uri"))
+    );
+    case!(
+        "register: payload too large",
+        InvalidArgument,
+        "limit of 65536 bytes",
+        register_branch(RegisterBranchRequest {
+            payload: big.clone(),
+            ..branch("open", "b2", &bank)
+        })
+    );
+    case!(
+        "register: too many headers",
+        InvalidArgument,
+        "limit of 32",
+        register_branch(RegisterBranchRequest {
+            headers: many_headers.clone(),
+            ..branch("open", "b2", &bank)
+        })
+    );
+    case!(
+        "register: call timeout too long",
+        InvalidArgument,
+        "call_timeout_ms",
+        register_branch(RegisterBranchRequest {
+            call_timeout_ms: u64::MAX,
+            ..branch("open", "b2", &bank)
+        })
+    );
+    case!(
+        "register: the 65th branch",
+        InvalidArgument,
+        "the limit is 64",
+        register_branch(branch("open", "b65", &bank))
+    );
+    case!(
+        "register: same branch, other payload",
+        AlreadyExists,
+        "different content",
+        register_branch(RegisterBranchRequest {
+            payload: payload("bob", 9),
+            ..branch("open", "b1", &bank)
+        })
+    );
+    case!(
+        "register: same branch, other target",
+        AlreadyExists,
+        "different content",
+        register_branch(RegisterBranchRequest {
+            target: "http://elsewhere:1".into(),
+            ..branch("open2", "b1", &bank)
+        })
+    );
+    case!(
+        "register: after the decision",
+        FailedPrecondition,
+        "after the decision",
+        register_branch(branch("committed", "b9", &bank))
+    );
+    case!(
+        "register: on a saga",
+        FailedPrecondition,
+        "saga",
+        register_branch(branch("saga", "b9", &bank))
+    );
+    // Commit / Rollback
+    case!(
+        "commit: unknown xid",
+        NotFound,
+        "no transaction",
+        commit(wait("nope"))
+    );
+    case!(
+        "commit: bad xid",
+        InvalidArgument,
+        "charset",
+        commit(wait("a/b"))
+    );
+    case!(
+        "commit: after rollback",
+        Aborted,
+        "rollback",
+        commit(wait("rolled-back"))
+    );
+    case!(
+        "rollback: after commit",
+        Aborted,
+        "commit",
+        rollback(wait("committed"))
+    );
+    case!(
+        "commit: a saga",
+        FailedPrecondition,
+        "saga",
+        commit(wait("saga"))
+    );
+    case!(
+        "commit: wait too long",
+        InvalidArgument,
+        "wait_timeout_ms",
+        commit(DecideRequest {
+            xid: "open".into(),
+            wait: true,
+            wait_timeout_ms: u64::MAX
+        })
+    );
+    // SubmitSaga
+    let sagas: Vec<(&str, SubmitSagaRequest, Code, &str)> = vec![
+        (
+            "saga: no steps",
+            SubmitSagaRequest {
+                xid: "n1".into(),
+                ..Default::default()
+            },
+            InvalidArgument,
+            "at least one step",
+        ),
+        (
+            "saga: cycle",
+            SubmitSagaRequest {
+                xid: "n2".into(),
+                steps: vec![saga_step("a", &bank, &["b"]), saga_step("b", &bank, &["a"])],
+                ..Default::default()
+            },
+            InvalidArgument,
+            "cycle",
+        ),
+        (
+            "saga: unknown dependency",
+            SubmitSagaRequest {
+                xid: "n3".into(),
+                steps: vec![saga_step("a", &bank, &["zz"])],
+                ..Default::default()
+            },
+            InvalidArgument,
+            "not a step",
+        ),
+        (
+            "saga: duplicate step names",
+            SubmitSagaRequest {
+                xid: "n4".into(),
+                steps: vec![saga_step("a", &bank, &[]), saga_step("a", &bank, &[])],
+                ..Default::default()
+            },
+            InvalidArgument,
+            "used by two steps",
+        ),
+        (
+            "saga: 65 steps",
+            SubmitSagaRequest {
+                xid: "n5".into(),
+                steps: (0..65)
+                    .map(|i| saga_step(&format!("s{i}"), &bank, &[]))
+                    .collect(),
+                ..Default::default()
+            },
+            InvalidArgument,
+            "limit of 64",
+        ),
+        (
+            "saga: payload too large",
+            SubmitSagaRequest {
+                xid: "n6".into(),
+                steps: vec![SagaStep {
+                    action_payload: big.clone(),
+                    ..saga_step("a", &bank, &[])
+                }],
+                ..Default::default()
+            },
+            InvalidArgument,
+            "limit of 65536 bytes",
+        ),
+        (
+            "saga: bad target",
+            SubmitSagaRequest {
+                xid: "n7".into(),
+                steps: vec![saga_step("a", "ftp://x", &[])],
+                ..Default::default()
+            },
+            InvalidArgument,
+            "http",
+        ),
+        (
+            "saga: bad xid",
+            SubmitSagaRequest {
+                xid: long_xid.clone(),
+                steps: vec![saga_step("a", &bank, &[])],
+                ..Default::default()
+            },
+            InvalidArgument,
+            "limit of 128",
+        ),
+        (
+            "saga: same xid, other definition",
+            SubmitSagaRequest {
+                steps: vec![saga_step("other", &bank, &[])],
+                ..saga.clone()
+            },
+            AlreadyExists,
+            "different saga definition",
+        ),
+        (
+            "saga: a TCC transaction's xid",
+            SubmitSagaRequest {
+                xid: "open".into(),
+                ..saga.clone()
+            },
+            AlreadyExists,
+            "TCC transaction",
+        ),
+    ];
+    for (name, req, code, needle) in sagas {
+        case!(name, code, needle, submit_saga(req));
+    }
+    // Reads and operator calls
+    case!(
+        "get: unknown xid",
+        NotFound,
+        "no transaction",
+        get(GetRequest { xid: "nope".into() })
+    );
+    case!(
+        "get: empty xid",
+        InvalidArgument,
+        "must not be empty",
+        get(GetRequest { xid: String::new() })
+    );
+    case!(
+        "wait: timeout too long",
+        InvalidArgument,
+        "timeout_ms",
+        wait(WaitRequest {
+            xid: "open".into(),
+            timeout_ms: u64::MAX
+        })
+    );
+    case!(
+        "resume: not parked",
+        FailedPrecondition,
+        "not NEEDS_ATTENTION",
+        resume(ResumeRequest {
+            xid: "committed".into()
+        })
+    );
+
+    // Participant service.
+    let mut p = ParticipantClient::connect(bank.clone()).await.unwrap();
+    let call = |action: i32, handler: &str, payload: Vec<u8>| BranchRequest {
+        xid: "px".into(),
+        branch_id: "b1".into(),
+        action,
+        handler: handler.into(),
+        payload,
+        headers: Default::default(),
+    };
+    let participant_cases = [
+        (
+            "participant: unknown handler",
+            call(1, "nope", vec![]),
+            NotFound,
+            "no handler named",
+        ),
+        (
+            "participant: action kind 0",
+            call(0, "transfer", vec![]),
+            InvalidArgument,
+            "action",
+        ),
+        (
+            "participant: action kind 99",
+            call(99, "transfer", vec![]),
+            InvalidArgument,
+            "action",
+        ),
+        (
+            "participant: saga action on a TCC handler",
+            call(4, "transfer", vec![]),
+            FailedPrecondition,
+            "has no action",
+        ),
+        (
+            "participant: payload too large",
+            call(1, "transfer", big.clone()),
+            InvalidArgument,
+            "limit of 65536 bytes",
+        ),
+    ];
+
+    let before = snapshot(&db.pool).await;
+    let mut checked = 0;
+    for (name, call, code, needle) in cases {
+        let status = call.await.expect_err(name);
+        assert_eq!(status.code(), code, "{name}: {status:?}");
+        assert!(
+            status.message().contains(needle),
+            "{name}: {:?} lacks {needle:?}",
+            status.message()
+        );
+        assert_eq!(
+            snapshot(&db.pool).await,
+            before,
+            "{name} changed the database"
+        );
+        checked += 1;
+    }
+    for (name, req, code, needle) in participant_cases {
+        let status = p.branch(req).await.expect_err(name);
+        assert_eq!(status.code(), code, "{name}: {status:?}");
+        assert!(
+            status.message().contains(needle),
+            "{name}: {:?}",
+            status.message()
+        );
+        assert_eq!(
+            dtx_tests::ledger::barrier_rows(&db.pool, "px", "b1").await,
+            0,
+            "{name}"
+        );
+        checked += 1;
+    }
+    // Idempotent repeats are accepted and change nothing either.
+    let mut cl = c.clone();
+    cl.begin(begin("open")).await.unwrap();
+    cl.register_branch(branch("open", "b1", &bank))
+        .await
+        .unwrap();
+    cl.commit(DecideRequest {
+        xid: "committed".into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    cl.submit_saga(saga).await.unwrap();
+    // (A repeated Begin/Register/Submit writes nothing; an accepted repeat of a decision
+    // neither.)
+    assert_eq!(
+        snapshot(&db.pool).await,
+        before,
+        "idempotent repeats changed the database"
+    );
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    eprintln!("{}: {checked} bad-input rows checked", DB::NAME);
+}
+test_on_all_databases!(
+    malformed_and_conflicting_input_is_rejected_without_writing,
+    SCHEMAS
+);

@@ -1,0 +1,323 @@
+//! The coordinator's store on SQLite, PostgreSQL and MariaDB: conditional, fenced state changes
+//! (a stale worker can never move a transaction), branch registration rules, group commit,
+//! disjoint claims by concurrent claimers, retention.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use dtx_coordinator::domain::{BranchRow, BranchState, Decision, TxStatus};
+use dtx_coordinator::store::{Progress, SqlStore, Store, StoreOptions, Write, Written};
+use dtx_sql::{Schema, now_ms};
+use dtx_tests::db::{TestBackend, TestDb};
+use dtx_tests::test_on_all_databases;
+use futures::future::join_all;
+
+async fn store<DB: TestBackend>(db: &TestDb<DB>) -> Arc<dyn Store> {
+    Arc::new(
+        SqlStore::<DB>::open(&db.url, StoreOptions::default())
+            .await
+            .unwrap(),
+    )
+}
+
+fn begin(xid: &str, timeout_ms: i64) -> Write {
+    Write::BeginTcc {
+        xid: xid.into(),
+        timeout_ms,
+        deadline_ms: now_ms() + timeout_ms,
+    }
+}
+
+fn branch(id: &str) -> BranchRow {
+    BranchRow {
+        branch_id: id.into(),
+        seq: 1,
+        target: "http://127.0.0.1:1".into(),
+        handler: "h".into(),
+        payload: b"p".to_vec(),
+        call_timeout_ms: 1000,
+        ..BranchRow::default()
+    }
+}
+
+fn register(xid: &str, id: &str, max: i64) -> Write {
+    Write::RegisterBranch {
+        xid: xid.into(),
+        branch: branch(id),
+        max_branches: max,
+    }
+}
+
+fn decide(xid: &str, decision: Decision, fence: i64) -> Write {
+    Write::Decide {
+        xid: xid.into(),
+        decision,
+        owner: "me".into(),
+        fence,
+        due_ms: now_ms() + 60_000,
+    }
+}
+
+fn progress(xid: &str, fence: i64, from: TxStatus, to: TxStatus) -> Write {
+    Write::Progress(Progress {
+        xid: xid.into(),
+        fence,
+        new_fence: None,
+        from,
+        to,
+        decision: None,
+        owner: None,
+        due_ms: None,
+        last_error: None,
+        branches: Vec::new(),
+    })
+}
+
+async fn stale_workers_cannot_move_a_transaction<DB: TestBackend>(db: &'static TestDb<DB>) {
+    let s = store(db).await;
+    assert_eq!(
+        s.write(begin("x1", 60_000)).await.unwrap(),
+        Written::Inserted
+    );
+    assert_eq!(
+        s.write(register("x1", "b1", 64)).await.unwrap(),
+        Written::Registered
+    );
+    let Written::Decided { branches } = s.write(decide("x1", Decision::Commit, 42)).await.unwrap()
+    else {
+        panic!("decide");
+    };
+    assert_eq!(branches.len(), 1);
+    // The opposite decision, a second decision, a wrong fence, a wrong expected status: nothing.
+    assert!(matches!(
+        s.write(decide("x1", Decision::Rollback, 7)).await.unwrap(),
+        Written::Exists(_)
+    ));
+    assert_eq!(
+        s.write(progress(
+            "x1",
+            41,
+            TxStatus::Committing,
+            TxStatus::Committed
+        ))
+        .await
+        .unwrap(),
+        Written::Fenced
+    );
+    assert_eq!(
+        s.write(progress(
+            "x1",
+            42,
+            TxStatus::RollingBack,
+            TxStatus::RolledBack
+        ))
+        .await
+        .unwrap(),
+        Written::Fenced
+    );
+    let got = s.get("x1").await.unwrap().unwrap();
+    assert_eq!(
+        (got.global.status, got.global.decision),
+        (TxStatus::Committing, Some(Decision::Commit))
+    );
+    // The owner finishes; from then on even the right fence changes nothing.
+    assert_eq!(
+        s.write(progress(
+            "x1",
+            42,
+            TxStatus::Committing,
+            TxStatus::Committed
+        ))
+        .await
+        .unwrap(),
+        Written::Applied
+    );
+    assert_eq!(
+        s.write(progress(
+            "x1",
+            42,
+            TxStatus::Committing,
+            TxStatus::NeedsAttention
+        ))
+        .await
+        .unwrap(),
+        Written::Fenced
+    );
+    let got = s.get("x1").await.unwrap().unwrap();
+    assert_eq!(got.global.status, TxStatus::Committed);
+    assert_eq!(got.global.due_ms, None, "settled work is never due");
+}
+test_on_all_databases!(
+    stale_workers_cannot_move_a_transaction,
+    &[Schema::Coordinator]
+);
+
+async fn branches_are_registered_only_while_trying<DB: TestBackend>(db: &'static TestDb<DB>) {
+    let s = store(db).await;
+    assert_eq!(
+        s.write(register("nope", "b1", 64)).await.unwrap(),
+        Written::Missing
+    );
+    s.write(begin("x1", 60_000)).await.unwrap();
+    assert_eq!(
+        s.write(register("x1", "b1", 2)).await.unwrap(),
+        Written::Registered
+    );
+    // A repeat reports the existing branch and does not count twice.
+    let Written::NotRegistered {
+        existing: Some(b),
+        global,
+    } = s.write(register("x1", "b1", 2)).await.unwrap()
+    else {
+        panic!("repeat");
+    };
+    assert_eq!(
+        (
+            b.branch_id.as_str(),
+            b.payload.as_slice(),
+            global.branch_count
+        ),
+        ("b1", &b"p"[..], 1)
+    );
+    assert_eq!(
+        s.write(register("x1", "b2", 2)).await.unwrap(),
+        Written::Registered
+    );
+    // Over the limit.
+    let Written::NotRegistered {
+        existing: None,
+        global,
+    } = s.write(register("x1", "b3", 2)).await.unwrap()
+    else {
+        panic!("limit");
+    };
+    assert_eq!(global.branch_count, 2);
+    // After the decision.
+    s.write(decide("x1", Decision::Rollback, 1)).await.unwrap();
+    let Written::NotRegistered {
+        existing: None,
+        global,
+    } = s.write(register("x1", "b9", 64)).await.unwrap()
+    else {
+        panic!("after decision");
+    };
+    assert_eq!(global.status, TxStatus::RollingBack);
+    // Past the deadline.
+    s.write(begin("x2", 1)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    assert!(matches!(
+        s.write(register("x2", "b1", 64)).await.unwrap(),
+        Written::NotRegistered { .. }
+    ));
+    // Commit is refused past the deadline; Rollback is not.
+    assert!(matches!(
+        s.write(decide("x2", Decision::Commit, 1)).await.unwrap(),
+        Written::Exists(_)
+    ));
+    assert!(matches!(
+        s.write(decide("x2", Decision::Rollback, 1)).await.unwrap(),
+        Written::Decided { .. }
+    ));
+    let rows = s.get("x1").await.unwrap().unwrap().branches;
+    assert_eq!(
+        rows.iter()
+            .map(|b| b.branch_id.as_str())
+            .collect::<Vec<_>>(),
+        ["b1", "b2"]
+    );
+}
+test_on_all_databases!(
+    branches_are_registered_only_while_trying,
+    &[Schema::Coordinator]
+);
+
+async fn concurrent_writes_share_commits<DB: TestBackend>(db: &'static TestDb<DB>) {
+    let s = store(db).await;
+    let writes = (0..300).map(|i| {
+        let s = s.clone();
+        tokio::spawn(async move { s.write(begin(&format!("g{i}"), 60_000)).await.unwrap() })
+    });
+    let results = join_all(writes).await;
+    assert!(results.into_iter().all(|r| r.unwrap() == Written::Inserted));
+    let (commits, writes) = s.stats().snapshot();
+    assert_eq!(writes, 300);
+    assert!(
+        commits < 300,
+        "{commits} commits for 300 concurrent writes: no batching happened"
+    );
+    eprintln!("{}: 300 writes in {commits} commits", DB::NAME);
+    for i in [0, 150, 299] {
+        assert!(s.get(&format!("g{i}")).await.unwrap().is_some());
+    }
+}
+test_on_all_databases!(concurrent_writes_share_commits, &[Schema::Coordinator]);
+
+async fn concurrent_claimers_take_disjoint_work<DB: TestBackend>(db: &'static TestDb<DB>) {
+    let s1 = store(db).await;
+    let s2 = store(db).await;
+    for i in 0..40 {
+        s1.write(begin(&format!("due{i}"), 1)).await.unwrap();
+    }
+    s1.write(begin("later", 60_000)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let (a, b) = tokio::join!(
+        s1.claim_due("one", Duration::from_secs(30), 25),
+        s2.claim_due("two", Duration::from_secs(30), 25)
+    );
+    let (a, b) = (a.unwrap(), b.unwrap());
+    let a: HashSet<String> = a.into_iter().map(|r| r.global.xid).collect();
+    let b: HashSet<String> = b.into_iter().map(|r| r.global.xid).collect();
+    assert!(
+        a.is_disjoint(&b),
+        "claimed twice: {:?}",
+        a.intersection(&b).collect::<Vec<_>>()
+    );
+    assert_eq!(a.len() + b.len(), 40, "{} + {}", a.len(), b.len());
+    assert!(!a.contains("later") && !b.contains("later"), "not due yet");
+    // Claimed rows carry the claimer and are not due again until the lease ends.
+    let row = s1.get("due0").await.unwrap().unwrap().global;
+    assert!(row.owner.is_some() && row.due_ms.unwrap() > now_ms() + 20_000);
+    assert!(
+        s1.claim_due("three", Duration::from_secs(30), 100)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+test_on_all_databases!(
+    concurrent_claimers_take_disjoint_work,
+    &[Schema::Coordinator]
+);
+
+async fn finished_transactions_are_purged_with_their_branches<DB: TestBackend>(
+    db: &'static TestDb<DB>,
+) {
+    let s = store(db).await;
+    for i in 0..7 {
+        let xid = format!("old{i}");
+        s.write(begin(&xid, 60_000)).await.unwrap();
+        s.write(register(&xid, "b1", 64)).await.unwrap();
+        s.write(decide(&xid, Decision::Commit, 5)).await.unwrap();
+        let mut done = branch("b1");
+        done.state = BranchState::Confirmed;
+        let Write::Progress(mut p) = progress(&xid, 5, TxStatus::Committing, TxStatus::Committed)
+        else {
+            unreachable!()
+        };
+        p.branches = vec![done];
+        assert_eq!(s.write(Write::Progress(p)).await.unwrap(), Written::Applied);
+    }
+    s.write(begin("running", 60_000)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    assert_eq!(s.purge_finished(now_ms(), 3).await.unwrap(), 7);
+    assert!(s.get("old3").await.unwrap().is_none());
+    assert!(
+        s.get("running").await.unwrap().is_some(),
+        "unfinished work is never purged"
+    );
+}
+test_on_all_databases!(
+    finished_transactions_are_purged_with_their_branches,
+    &[Schema::Coordinator]
+);

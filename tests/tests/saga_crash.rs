@@ -1,0 +1,109 @@
+//! A coordinator process SIGKILLed mid-saga (after some actions, with one in flight) and a new
+//! process on the same database: the saga completes or compensates, every effect once.
+
+use std::time::Duration;
+
+use dtx_proto::v1::TxStatus;
+use dtx_sdk::barrier::Action;
+use dtx_sdk::client::SagaStep;
+use dtx_tests::coordinator::Process;
+use dtx_tests::db::{TestBackend, TestDb};
+use dtx_tests::ledger;
+use dtx_tests::net::serve;
+use dtx_tests::participant::{Bank, Fault, Faults, payload};
+use dtx_tests::test_on_all_databases;
+use dtx_tests::world::{SCHEMAS, START};
+use tonic::transport::Server;
+
+const BIN: &str = env!("CARGO_BIN_EXE_test-coordinator");
+
+/// Runs a 4-step saga whose step s3 hangs in the network, kills the coordinator while it does,
+/// and lets a fresh process finish. `refuse_last` makes s4 refuse, so the saga compensates.
+async fn killed_mid_saga<DB: TestBackend>(db: &'static TestDb<DB>, xid: &str, refuse_last: bool)
+where
+    DB::Conn: 'static,
+{
+    ledger::create_tables(&db.pool).await;
+    ledger::open_account(&db.pool, "alice", START).await;
+    let faults = Faults::default();
+    faults.push(
+        "s3",
+        Action::Action,
+        [Fault::Delay(Duration::from_millis(1500))],
+    );
+    let bank = serve(
+        Server::builder().add_service(Bank::new(db.pool.clone(), faults.clone()).into_service()),
+    )
+    .await;
+
+    let first = Process::start(BIN, &db.url, &[]).await;
+    let last_amount = if refuse_last { START * 10 } else { 4 };
+    let saga = first
+        .client()
+        .await
+        .saga()
+        .xid(xid)
+        .step(SagaStep::new("s1", bank.url(), "debit").payload(payload("alice", 1)))
+        .step(SagaStep::new("s2", bank.url(), "debit").payload(payload("alice", 2)))
+        .step(SagaStep::new("s3", bank.url(), "debit").payload(payload("alice", 3)))
+        .step(SagaStep::new("s4", bank.url(), "debit").payload(payload("alice", last_amount)));
+    saga.submit().await.unwrap();
+    while faults.calls("s3", Action::Action) == 0 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    first.kill().await;
+    assert_eq!(ledger::effects(&db.pool, xid, "s1", "action").await, 1);
+    assert_eq!(ledger::effects(&db.pool, xid, "s4", "action").await, 0);
+
+    let second = Process::start(BIN, &db.url, &[]).await;
+    let done = second
+        .client()
+        .await
+        .wait(xid, Duration::from_secs(20))
+        .await
+        .unwrap();
+    // The late s3 delivery lands too; give it time, then check nothing happened twice.
+    tokio::time::sleep(Duration::from_millis(1600)).await;
+    let expected = if refuse_last {
+        TxStatus::Compensated
+    } else {
+        TxStatus::Succeeded
+    };
+    assert_eq!(done.status(), expected, "{done:?}");
+    for s in ["s1", "s2", "s3"] {
+        assert_eq!(
+            ledger::effects(&db.pool, xid, s, "action").await,
+            1,
+            "{s} action once"
+        );
+        let compensations = ledger::effects(&db.pool, xid, s, "compensate").await;
+        assert_eq!(compensations, i64::from(refuse_last), "{s} compensation");
+    }
+    assert_eq!(
+        ledger::effects(&db.pool, xid, "s4", "action").await,
+        i64::from(!refuse_last)
+    );
+    let spent = if refuse_last { 0 } else { 1 + 2 + 3 + 4 };
+    assert_eq!(ledger::account(&db.pool, "alice").await, (START - spent, 0));
+    assert!(
+        faults.calls("s1", Action::Action) >= 2,
+        "the new process repeated s1 (answered by the barrier)"
+    );
+    second.kill().await;
+}
+
+async fn killed_mid_saga_completes<DB: TestBackend>(db: &'static TestDb<DB>)
+where
+    DB::Conn: 'static,
+{
+    killed_mid_saga(db, "crash-saga-ok", false).await;
+}
+test_on_all_databases!(killed_mid_saga_completes, SCHEMAS);
+
+async fn killed_mid_saga_compensates<DB: TestBackend>(db: &'static TestDb<DB>)
+where
+    DB::Conn: 'static,
+{
+    killed_mid_saga(db, "crash-saga-comp", true).await;
+}
+test_on_all_databases!(killed_mid_saga_compensates, SCHEMAS);
