@@ -45,4 +45,15 @@ pub enum Error {
     /// Could not connect to the coordinator or a participant.
     #[error("transport error: {0}")]
     Transport(#[from] tonic::transport::Error),
+    /// An idempotency record is in a state the protocol cannot produce, or was misused.
+    #[error("idempotency record: {0}")]
+    Idempotency(String),
+    /// An idempotency lease expired and another request took the record over: this owner's
+    /// completion was refused (fencing) and nothing was written.
+    #[error("idempotency lease lost: the record was taken over, completion refused")]
+    LeaseLost,
+    /// The user-supplied fact check failed; the record keeps a fresh lease and is checked again
+    /// when it expires.
+    #[error("fact check failed: {0}")]
+    FactCheck(HandlerError),
 }

@@ -7,14 +7,18 @@
 //!   transaction, applies the barrier and maps outcomes to the wire.
 //! * [`client`] - what an initiator uses: TCC transactions (with a closure form that commits on
 //!   `Ok` and rolls back on `Err`) and a typed saga builder.
+//! * [`idempotency`] - idempotency records for HTTP endpoints, payment callbacks, message
+//!   consumers and jobs.
 //!
 //! Every database dtx supports works the same way: pass a `sqlx::Pool<sqlx::Postgres>`,
 //! `Pool<sqlx::MySql>` or `Pool<sqlx::Sqlite>`; handlers receive that database's connection.
-//! Create the barrier table with [`migrate_barrier`].
+//! Create the barrier table with [`migrate_barrier`], the idempotency table with
+//! [`migrate_idempotency`].
 
 pub mod barrier;
 pub mod client;
 mod error;
+pub mod idempotency;
 pub mod server;
 
 pub use dtx_proto as proto;
@@ -24,4 +28,9 @@ pub use error::Error;
 /// Creates or upgrades the `dtx_barrier` table in the participant's database.
 pub async fn migrate_barrier<DB: Backend>(pool: &dtx_sql::sqlx::Pool<DB>) -> Result<(), Error> {
     Ok(DB::migrate(pool, dtx_sql::Schema::Barrier).await?)
+}
+
+/// Creates or upgrades the `dtx_idempotency` table in the service's database.
+pub async fn migrate_idempotency<DB: Backend>(pool: &dtx_sql::sqlx::Pool<DB>) -> Result<(), Error> {
+    Ok(DB::migrate(pool, dtx_sql::Schema::Idempotency).await?)
 }

@@ -4,6 +4,7 @@
 pub mod chaos;
 pub mod coordinator;
 pub mod db;
+pub mod idempotency;
 pub mod ledger;
 pub mod net;
 pub mod participant;

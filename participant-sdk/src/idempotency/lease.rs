@@ -1,0 +1,314 @@
+//! Lease mode: claim in a short transaction, work anywhere, complete fenced on the owner token.
+//!
+//! A claim is a committed PROCESSING record with a random owner token and `lease_until`. The
+//! business may then call other services or databases; its completion is one conditional
+//! update (`WHERE owner_token = ? AND status = 'PROCESSING'`), so an owner that stalled past its
+//! lease and was taken over cannot overwrite what its successor decided.
+//!
+//! The window between "business done" and "completion recorded" is real (a crash in it leaves
+//! a PROCESSING record whose effect exists). That is why an expired lease is never simply
+//! claimed again: the taker asks the fact check first. The business effect itself should still
+//! be guarded by a business unique key (order request number), because a fact check cannot
+//! stop a stalled owner that wakes up later from writing.
+
+use dtx_sql::{Backend, now_ms};
+use std::future::Future;
+
+use super::{
+    Answer, Completion, Decision, Expired, Fact, Idempotency, Key, Record, RequestHash, Status,
+    StoredResult, Waiter, answer_of, attention_text, decide, new_token, sql,
+};
+use crate::Error;
+use crate::barrier::HandlerError;
+
+/// The outcome of [`Idempotency::claim`].
+pub enum Claim<DB: Backend> {
+    /// This request owns the key: run the business, then [`Lease::complete`].
+    Owned(Lease<DB>),
+    /// Nothing to run: the answer for this request.
+    Answered(Answer),
+}
+
+/// Ownership of a PROCESSING record until `lease_until`.
+pub struct Lease<DB: Backend> {
+    store: Idempotency<DB>,
+    key: Key,
+    token: String,
+}
+
+impl<DB: Backend> Lease<DB> {
+    pub fn key(&self) -> &Key {
+        &self.key
+    }
+
+    /// The owner token the completion is fenced on.
+    pub fn token(&self) -> &str {
+        &self.token
+    }
+
+    /// Extends the lease to a full lease from now: work that may outlast one lease calls this
+    /// periodically, so nobody takes the record over while it is still running.
+    /// [`Error::LeaseLost`] if it already was taken over - stop and don't complete.
+    pub async fn renew(&self) -> Result<(), Error> {
+        let store = &self.store;
+        let now = now_ms();
+        let mut tx = DB::begin(&store.pool).await?;
+        let until = store.lease_until(now);
+        let owned = sql::renew(DB::conn(&mut tx), &self.key, &self.token, until, now).await?;
+        tx.commit().await?;
+        if owned { Ok(()) } else { Err(Error::LeaseLost) }
+    }
+
+    pub(super) fn into_token(self) -> String {
+        self.token
+    }
+
+    /// Records how the business ended, if this lease still owns the record; otherwise
+    /// [`Error::LeaseLost`] and nothing is written (the record belongs to whoever took it over).
+    /// [`Completion::Unknown`] writes nothing either: the record stays PROCESSING and the fact
+    /// check decides once the lease has expired. A result over the limits parks the record
+    /// (the effect happened but cannot be replayed) and returns the limit error.
+    pub async fn complete(self, completion: Completion) -> Result<Answer, Error> {
+        let store = &self.store;
+        let now = now_ms();
+        let mut tx = DB::begin(&store.pool).await?;
+        let conn = DB::conn(&mut tx);
+        let owned = match completion.result() {
+            None => sql::touch(conn, &self.key, &self.token, now).await?,
+            Some(result) => match result.check(store.max_result_bytes) {
+                Ok(()) => {
+                    sql::finish(
+                        conn,
+                        &self.key,
+                        sql::By::Owner(&self.token),
+                        completion.status(),
+                        result,
+                        now,
+                    )
+                    .await?
+                }
+                Err(limit) => {
+                    let reason = format!("result could not be stored: {limit}");
+                    sql::park(conn, &self.key, &self.token, attention_text(&reason), now).await?;
+                    tx.commit().await?;
+                    return Err(limit);
+                }
+            },
+        };
+        tx.commit().await?;
+        if !owned {
+            tracing::warn!(
+                scope = self.key.scope(),
+                key = %self.key.fingerprint(),
+                "late completion refused: the lease was taken over"
+            );
+            return Err(Error::LeaseLost);
+        }
+        Ok(Answer::Executed(completion))
+    }
+}
+
+/// What [`Idempotency::recover_expired`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Recovered {
+    /// The fact check found the effect: recorded as SUCCEEDED.
+    pub succeeded: u64,
+    /// The effect did not happen: released as FAILED_RETRYABLE for the client's next retry.
+    pub released: u64,
+    /// Nobody could tell: parked for a person.
+    pub parked: u64,
+}
+
+impl<DB: Backend> Idempotency<DB> {
+    /// Claims `key` for a request with `hash`, or says why not (see [`super::decide`]).
+    /// Waits up to [`Idempotency::wait`] for a live lease to finish.
+    pub async fn claim(&self, key: &Key, hash: &RequestHash) -> Result<Claim<DB>, Error> {
+        let mut waiter = Waiter::new(self.wait);
+        let hash_hex = hash.to_hex();
+        loop {
+            let now = now_ms();
+            let token = new_token();
+            let mut tx = DB::begin(&self.pool).await?;
+            let conn = DB::conn(&mut tx);
+            if sql::claim(conn, key, &hash_hex, &token, self.lease_until(now), now).await? {
+                tx.commit().await?;
+                return Ok(Claim::Owned(self.owned(key, token)));
+            }
+            let record = sql::read(conn, key).await?;
+            tx.commit().await?;
+            // Gone between our insert and read (retention): insert again.
+            let Some(record) = record else { continue };
+            match decide(&record, hash, now) {
+                Decision::Reclaim { version } => {
+                    let mut tx = DB::begin(&self.pool).await?;
+                    let until = self.lease_until(now);
+                    let won =
+                        sql::reclaim(DB::conn(&mut tx), key, &token, version, until, now).await?;
+                    tx.commit().await?;
+                    if won {
+                        return Ok(Claim::Owned(self.owned(key, token)));
+                    }
+                }
+                Decision::TakeOver { version } => {
+                    if let Some(claim) = self.take_over(key, &record, version, token).await? {
+                        return Ok(claim);
+                    }
+                }
+                Decision::InProgress { .. } if waiter.has_time() => waiter.pause().await,
+                decision => return Ok(Claim::Answered(answer_of(decision, now))),
+            }
+        }
+    }
+
+    /// Claims, runs `business` if this request owns the key, and completes. An `Err` from the
+    /// business counts as [`Completion::Unknown`]: work outside a database transaction that
+    /// failed half-way may have had its effect.
+    pub async fn run_with_lease<F, Fut>(
+        &self,
+        key: &Key,
+        hash: &RequestHash,
+        business: F,
+    ) -> Result<Answer, Error>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<Completion, HandlerError>>,
+    {
+        match self.claim(key, hash).await? {
+            Claim::Answered(answer) => Ok(answer),
+            Claim::Owned(lease) => {
+                let completion = business()
+                    .await
+                    .unwrap_or_else(|e| Completion::Unknown(e.to_string()));
+                lease.complete(completion).await
+            }
+        }
+    }
+
+    /// Sweeps up to `limit` expired leases of `scope` through the fact check, so stuck
+    /// records are resolved even if the client never retries. An effect that did not happen is
+    /// released as FAILED_RETRYABLE (a sweeper cannot run the business; the next request will).
+    pub async fn recover_expired(&self, scope: &str, limit: u32) -> Result<Recovered, Error> {
+        let mut tx = DB::begin(&self.pool).await?;
+        let keys = sql::expired(DB::conn(&mut tx), scope, now_ms(), limit).await?;
+        tx.commit().await?;
+        let mut recovered = Recovered::default();
+        for idem_key in keys {
+            let key = Key::from_stored(scope, &idem_key)?;
+            let Some(record) = self.record(&key).await? else {
+                continue;
+            };
+            let Decision::TakeOver { version } =
+                decide(&record, &Self::own_hash(&record)?, now_ms())
+            else {
+                continue;
+            };
+            match self.take_over(&key, &record, version, new_token()).await? {
+                Some(Claim::Owned(lease)) => {
+                    let result = StoredResult::new("LEASE_EXPIRED_NOT_DONE");
+                    match lease.complete(Completion::FailedRetryable(result)).await {
+                        Ok(_) => recovered.released += 1,
+                        Err(Error::LeaseLost) => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+                Some(Claim::Answered(Answer::Replayed { .. })) => recovered.succeeded += 1,
+                Some(Claim::Answered(Answer::NeedsAttention { .. })) => recovered.parked += 1,
+                Some(Claim::Answered(_)) | None => {}
+            }
+        }
+        Ok(recovered)
+    }
+
+    /// A sweep acts on behalf of the stored request, so it presents the stored hash.
+    fn own_hash(record: &Record) -> Result<RequestHash, Error> {
+        RequestHash::from_hex(&record.request_hash).ok_or_else(|| {
+            Error::Idempotency(format!(
+                "stored request hash {:?} is malformed",
+                record.request_hash
+            ))
+        })
+    }
+
+    fn owned(&self, key: &Key, token: String) -> Lease<DB> {
+        Lease {
+            store: self.clone(),
+            key: key.clone(),
+            token,
+        }
+    }
+
+    /// Takes over an expired lease (fencing out its stale owner) and lets the fact check
+    /// decide. `None` if someone else changed the record first: read it again.
+    async fn take_over(
+        &self,
+        key: &Key,
+        record: &Record,
+        version: i64,
+        token: String,
+    ) -> Result<Option<Claim<DB>>, Error> {
+        let now = now_ms();
+        let mut tx = DB::begin(&self.pool).await?;
+        let won = sql::reclaim(
+            DB::conn(&mut tx),
+            key,
+            &token,
+            version,
+            self.lease_until(now),
+            now,
+        )
+        .await?;
+        tx.commit().await?;
+        if !won {
+            return Ok(None);
+        }
+        tracing::info!(
+            scope = key.scope(),
+            key = %key.fingerprint(),
+            retry_count = record.retry_count,
+            "lease expired; asking the fact check"
+        );
+        let expired = Expired {
+            key: key.clone(),
+            retry_count: record.retry_count,
+            created_at: record.created_at,
+        };
+        // On error the record keeps our fresh lease; the check runs again when it expires.
+        let fact = (self.fact_check)(expired).await.map_err(Error::FactCheck)?;
+        let now = now_ms();
+        let answer = match fact {
+            Fact::NotHappened => return Ok(Some(Claim::Owned(self.owned(key, token)))),
+            Fact::Happened(result) => {
+                result.check(self.max_result_bytes)?;
+                let mut tx = DB::begin(&self.pool).await?;
+                let conn = DB::conn(&mut tx);
+                let done = sql::finish(
+                    conn,
+                    key,
+                    sql::By::Owner(&token),
+                    Status::Succeeded,
+                    &result,
+                    now,
+                )
+                .await?;
+                tx.commit().await?;
+                done.then_some(Answer::Replayed {
+                    status: Status::Succeeded,
+                    result,
+                })
+            }
+            Fact::Unknown(reason) => {
+                tracing::warn!(
+                    scope = key.scope(),
+                    key = %key.fingerprint(),
+                    "fact check could not tell; parked for a person"
+                );
+                let mut tx = DB::begin(&self.pool).await?;
+                let conn = DB::conn(&mut tx);
+                let done = sql::park(conn, key, &token, attention_text(&reason), now).await?;
+                tx.commit().await?;
+                done.then_some(Answer::NeedsAttention { reason })
+            }
+        };
+        Ok(answer.map(Claim::Answered))
+    }
+}

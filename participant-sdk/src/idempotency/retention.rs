@@ -1,0 +1,92 @@
+//! Retention: records are deleted per scope after a window, in bounded batches, and never
+//! while PROCESSING.
+//!
+//! The window is a business decision per scope: it must outlive every repeat that can still
+//! arrive - a client's longest retry period for HTTP creates, the provider's notification period
+//! (and reconciliation) for payment callbacks, the topic retention and longest replay for
+//! consumers, the re-run horizon for jobs. Deleting earlier lets an old repeat run again;
+//! never deleting grows the table forever. A scope without a window is never purged.
+//!
+//! Each batch is its own short transaction of at most `batch` rows, so retention never holds
+//! long locks next to live traffic. PROCESSING records (in flight, unknown, or parked for a
+//! person) are never deleted, whatever their age: they are unresolved intents.
+
+use std::time::Duration;
+
+use dtx_sql::sqlx::Pool;
+use dtx_sql::{Backend, now_ms};
+
+use super::{check_scope, sql};
+use crate::Error;
+
+/// Deletes `scope`'s finished records created and last updated more than `window` ago, at most
+/// `batch` per transaction, until none is left; returns how many were deleted.
+pub async fn purge_scope<DB: Backend>(
+    pool: &Pool<DB>,
+    scope: &str,
+    window: Duration,
+    batch: u32,
+) -> Result<u64, Error> {
+    check_scope(scope)?;
+    let cutoff = now_ms() - window.as_millis() as i64;
+    let batch = i64::from(batch.max(1));
+    let mut total = 0;
+    loop {
+        let deleted = sql::purge_batch(pool, scope, cutoff, batch).await?;
+        total += deleted;
+        if deleted < batch as u64 {
+            return Ok(total);
+        }
+    }
+}
+
+/// Retention windows per scope, run together (for example from a periodic task).
+#[derive(Debug, Clone)]
+pub struct Retention {
+    windows: Vec<(String, Duration)>,
+    batch: u32,
+}
+
+impl Default for Retention {
+    fn default() -> Self {
+        Retention {
+            windows: Vec::new(),
+            batch: 500,
+        }
+    }
+}
+
+impl Retention {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Keeps `scope`'s records for `window`.
+    pub fn scope(mut self, scope: impl Into<String>, window: Duration) -> Self {
+        self.windows.push((scope.into(), window));
+        self
+    }
+
+    /// Most rows deleted per transaction (default 500).
+    pub fn batch(mut self, batch: u32) -> Self {
+        self.batch = batch;
+        self
+    }
+
+    /// Purges every configured scope; returns how many records were deleted.
+    pub async fn run<DB: Backend>(&self, pool: &Pool<DB>) -> Result<u64, Error> {
+        let mut total = 0;
+        for (scope, window) in &self.windows {
+            let deleted = purge_scope(pool, scope, *window, self.batch).await?;
+            if deleted > 0 {
+                tracing::info!(
+                    scope = scope.as_str(),
+                    deleted,
+                    "idempotency records purged"
+                );
+            }
+            total += deleted;
+        }
+        Ok(total)
+    }
+}

@@ -1,0 +1,184 @@
+//! Same-transaction mode: claim, business writes and result commit together.
+//!
+//! The claim is an insert into `dtx_idempotency` inside the caller's local transaction. A
+//! concurrent repeat's insert waits on the first one's key; when the first commits, the repeat
+//! reads the committed record and replays it; when the first rolls back, the repeat's insert
+//! goes through and it runs the business itself. No business effect and no record can exist
+//! without each other.
+
+use dtx_sql::{Backend, now_ms};
+use futures::future::BoxFuture;
+
+use super::{
+    Answer, Claim, Completion, Decision, Idempotency, Key, RequestHash, Waiter, answer_of, backoff,
+    decide, new_token, sql,
+};
+use crate::Error;
+use crate::barrier::HandlerError;
+
+/// The shape of same-transaction business code, named once for the private steps.
+trait TxBusiness<C>:
+    for<'c> Fn(&'c mut C) -> BoxFuture<'c, Result<Completion, HandlerError>> + Send + Sync
+{
+}
+
+impl<C, F> TxBusiness<C> for F where
+    F: for<'c> Fn(&'c mut C) -> BoxFuture<'c, Result<Completion, HandlerError>> + Send + Sync
+{
+}
+
+/// What one transaction attempt came to.
+enum Step {
+    Answer(Answer),
+    /// Lost a race (the record changed or vanished between statements): try again.
+    Again,
+    /// The record's lease expired: recover it through the fact check outside the transaction.
+    Expired,
+}
+
+impl<DB: Backend> Idempotency<DB> {
+    /// Runs `business` exactly once for `key` inside one local transaction with the record.
+    ///
+    /// `business` runs on the transaction's connection and says how it ended:
+    /// * [`Completion::Succeeded`] - its writes and the result commit together;
+    /// * [`Completion::FailedFinal`] / [`Completion::FailedRetryable`] - its writes are rolled
+    ///   back (to a savepoint) and the failure is recorded;
+    /// * [`Completion::Unknown`] - something outside this database may have happened: its
+    ///   writes commit, the record stays PROCESSING, and after the lease the fact check decides;
+    /// * `Err` - nothing happened anywhere: everything rolls back, the key is free again.
+    ///
+    /// `business` may be called again if the transaction loses a lock conflict (deadlock,
+    /// busy), which is why it is `Fn`. Repeats are answered as in [`super::decide`]; a repeat
+    /// that finds a live lease waits up to [`Idempotency::wait`].
+    pub async fn run_in_transaction<F>(
+        &self,
+        key: &Key,
+        hash: &RequestHash,
+        business: F,
+    ) -> Result<Answer, Error>
+    where
+        F: for<'c> Fn(&'c mut DB::Conn) -> BoxFuture<'c, Result<Completion, HandlerError>>
+            + Send
+            + Sync,
+    {
+        let mut waiter = Waiter::new(self.wait);
+        let mut conflicts = 0;
+        // A token won through the lease path (fact check said "not happened").
+        let mut owned: Option<String> = None;
+        loop {
+            let step = self.attempt(key, hash, owned.as_deref(), &business).await;
+            match step {
+                Ok(Step::Answer(Answer::InProgress { .. })) if waiter.has_time() => {
+                    waiter.pause().await
+                }
+                Ok(Step::Answer(answer)) => return Ok(answer),
+                Ok(Step::Again) => {}
+                Ok(Step::Expired) => match self.claim(key, hash).await? {
+                    Claim::Owned(lease) => owned = Some(lease.into_token()),
+                    Claim::Answered(answer) => return Ok(answer),
+                },
+                Err(Error::Database(e))
+                    if dtx_sql::is_lock_conflict(&e) && conflicts < self.conflict_retries =>
+                {
+                    conflicts += 1;
+                    tracing::debug!(attempt = conflicts, error = %e, "lock conflict, running again");
+                    tokio::time::sleep(backoff(conflicts)).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    async fn attempt<F>(
+        &self,
+        key: &Key,
+        hash: &RequestHash,
+        owned: Option<&str>,
+        business: &F,
+    ) -> Result<Step, Error>
+    where
+        F: TxBusiness<DB::Conn>,
+    {
+        let mut tx = DB::begin(&self.pool).await?;
+        match self
+            .in_transaction(DB::conn(&mut tx), key, hash, owned, business)
+            .await
+        {
+            Ok(step) => {
+                tx.commit().await?;
+                Ok(step)
+            }
+            Err(e) => {
+                // A failed rollback means the connection is gone, which rolls back anyway.
+                let _ = tx.rollback().await;
+                Err(e)
+            }
+        }
+    }
+
+    async fn in_transaction<F>(
+        &self,
+        conn: &mut DB::Conn,
+        key: &Key,
+        hash: &RequestHash,
+        owned: Option<&str>,
+        business: &F,
+    ) -> Result<Step, Error>
+    where
+        F: TxBusiness<DB::Conn>,
+    {
+        let now = now_ms();
+        let token = match owned {
+            Some(token) => token.to_string(),
+            None => {
+                let token = new_token();
+                let until = self.lease_until(now);
+                if !sql::claim(conn, key, &hash.to_hex(), &token, until, now).await? {
+                    let Some(record) = sql::read(conn, key).await? else {
+                        return Ok(Step::Again);
+                    };
+                    match decide(&record, hash, now) {
+                        Decision::Reclaim { version } => {
+                            if !sql::reclaim(conn, key, &token, version, until, now).await? {
+                                return Ok(Step::Again);
+                            }
+                        }
+                        Decision::TakeOver { .. } => return Ok(Step::Expired),
+                        decision => return Ok(Step::Answer(answer_of(decision, now))),
+                    }
+                }
+                token
+            }
+        };
+        sql::savepoint(conn, sql::SAVEPOINT).await?;
+        let completion = business(conn).await.map_err(Error::Handler)?;
+        match completion {
+            Completion::Succeeded(_) | Completion::Unknown(_) => {
+                sql::savepoint(conn, sql::RELEASE_SAVEPOINT).await?
+            }
+            Completion::FailedFinal(_) | Completion::FailedRetryable(_) => {
+                sql::savepoint(conn, sql::ROLLBACK_TO_SAVEPOINT).await?
+            }
+        }
+        let now = now_ms();
+        let still_owner = match completion.result() {
+            Some(result) => {
+                result.check(self.max_result_bytes)?;
+                sql::finish(
+                    conn,
+                    key,
+                    sql::By::Owner(&token),
+                    completion.status(),
+                    result,
+                    now,
+                )
+                .await?
+            }
+            None => sql::touch(conn, key, &token, now).await?,
+        };
+        if !still_owner {
+            return Err(Error::LeaseLost);
+        }
+        Ok(Step::Answer(Answer::Executed(completion)))
+    }
+}
