@@ -40,11 +40,14 @@ pub const MAX_WAIT: Duration = Duration::from_secs(600);
 #[error("{0}")]
 pub struct LimitError(pub String);
 
-fn id_char(c: u8) -> bool {
+/// The id charset `[A-Za-z0-9._:-]`.
+pub fn id_char(c: u8) -> bool {
     c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b':' | b'-')
 }
 
-fn check_token(
+/// Checks `value` is 1..=`max` bytes of the charset `allowed` (described as `charset` in the
+/// error message).
+pub fn check_token(
     field: &str,
     value: &str,
     max: usize,

@@ -66,7 +66,7 @@ fn progress(xid: &str, fence: i64, from: TxStatus, to: TxStatus) -> Write {
         new_fence: None,
         from,
         to,
-        decision: None,
+        decision: to.implied_decision().or(from.implied_decision()),
         owner: None,
         due_ms: None,
         last_error: None,

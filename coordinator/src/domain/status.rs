@@ -107,6 +107,32 @@ impl TxStatus {
         )
     }
 
+    /// The decision a status stands for: `None` for the undecided statuses and for
+    /// NEEDS_ATTENTION (which keeps whatever was decided).
+    pub fn implied_decision(self) -> Option<Decision> {
+        match self {
+            TxStatus::Committing | TxStatus::Committed => Some(Decision::Commit),
+            TxStatus::RollingBack | TxStatus::RolledBack => Some(Decision::Rollback),
+            TxStatus::Compensating | TxStatus::Compensated => Some(Decision::Compensate),
+            TxStatus::Trying
+            | TxStatus::Running
+            | TxStatus::Succeeded
+            | TxStatus::NeedsAttention => None,
+        }
+    }
+
+    /// The rule every stored change obeys: `from` may become `to` with `decision` recorded
+    /// afterwards. The status must allow the move, the decision must be the one `to` stands
+    /// for (a parked transaction keeps one), and - enforced by the store, which knows the
+    /// recorded decision - a recorded decision never changes.
+    pub fn transition_allowed(from: TxStatus, to: TxStatus, decision: Option<Decision>) -> bool {
+        from.can_become(to)
+            && match to {
+                TxStatus::NeedsAttention => decision.is_some(),
+                _ => to.implied_decision() == decision,
+            }
+    }
+
     /// The phase-two status a decision drives, and the terminal status it ends in.
     pub fn of_decision(decision: Decision) -> (TxStatus, TxStatus) {
         match decision {
@@ -120,6 +146,7 @@ impl TxStatus {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     const ALL: [TxStatus; 10] = [
         TxStatus::Trying,
@@ -159,5 +186,124 @@ mod tests {
         assert!(!TxStatus::Compensating.can_become(TxStatus::Running));
         assert!(TxStatus::Trying.can_become(TxStatus::Committing));
         assert!(TxStatus::NeedsAttention.can_become(TxStatus::Compensating));
+    }
+
+    /// The store as the SQL implements it: a write applies only with the current fencing
+    /// token, the expected status, an allowed transition, and the recorded decision (if any).
+    #[derive(Debug, Clone, Copy)]
+    struct Row {
+        status: TxStatus,
+        decision: Option<Decision>,
+        fence: u8,
+    }
+
+    #[derive(Debug, Clone, Copy)]
+    struct Attempt {
+        from: TxStatus,
+        to: TxStatus,
+        decision: Option<Decision>,
+        fence: u8,
+        new_fence: Option<u8>,
+    }
+
+    fn apply(row: &mut Row, w: Attempt) -> bool {
+        let ok = w.from == row.status
+            && w.fence == row.fence
+            && TxStatus::transition_allowed(w.from, w.to, w.decision)
+            && (row.decision.is_none() || row.decision == w.decision);
+        if ok {
+            row.status = w.to;
+            row.decision = w.decision;
+            row.fence = w.new_fence.unwrap_or(row.fence);
+        }
+        ok
+    }
+
+    /// Undecided < decided (phase two, compensation, parked) < terminal.
+    fn rank(s: TxStatus) -> u8 {
+        if s.is_terminal() {
+            2
+        } else if matches!(s, TxStatus::Trying | TxStatus::Running) {
+            0
+        } else {
+            1
+        }
+    }
+
+    fn status() -> impl Strategy<Value = TxStatus> {
+        proptest::sample::select(ALL.to_vec())
+    }
+
+    fn decision() -> impl Strategy<Value = Option<Decision>> {
+        proptest::option::of(proptest::sample::select(vec![
+            Decision::Commit,
+            Decision::Rollback,
+            Decision::Compensate,
+        ]))
+    }
+
+    /// Writers that know the current state (an honest driver), mixed with arbitrary ones
+    /// (stale drivers, duplicated decisions, buggy callers).
+    fn attempts() -> impl Strategy<Value = Vec<(bool, Attempt)>> {
+        proptest::collection::vec(
+            (
+                any::<bool>(),
+                (
+                    status(),
+                    status(),
+                    decision(),
+                    0u8..4,
+                    proptest::option::of(0u8..4),
+                )
+                    .prop_map(|(from, to, decision, fence, new_fence)| Attempt {
+                        from,
+                        to,
+                        decision,
+                        fence,
+                        new_fence,
+                    }),
+            ),
+            1..60,
+        )
+    }
+
+    proptest! {
+        #[test]
+        fn no_sequence_of_writes_moves_a_transaction_backwards(
+            start in proptest::sample::select(vec![TxStatus::Trying, TxStatus::Running]),
+            writes in attempts(),
+        ) {
+            let mut row = Row { status: start, decision: None, fence: 0 };
+            for (honest, mut w) in writes {
+                if honest {
+                    // An honest writer knows the current status and token.
+                    w.from = row.status;
+                    w.fence = row.fence;
+                }
+                let before = row;
+                let applied = apply(&mut row, w);
+                if !applied {
+                    prop_assert_eq!((row.status, row.decision, row.fence), (before.status, before.decision, before.fence));
+                    continue;
+                }
+                prop_assert!(!before.status.is_terminal(), "left terminal {:?} for {:?}", before.status, row.status);
+                prop_assert!(rank(row.status) >= rank(before.status), "{:?} -> {:?}", before.status, row.status);
+                if let Some(d) = before.decision {
+                    prop_assert_eq!(row.decision, Some(d), "decision changed");
+                }
+                // The kind of transaction never changes: TCC statuses stay TCC, sagas stay sagas.
+                let saga = |s: TxStatus| matches!(s, TxStatus::Running | TxStatus::Succeeded | TxStatus::Compensating | TxStatus::Compensated);
+                let tcc = |s: TxStatus| matches!(s, TxStatus::Trying | TxStatus::Committing | TxStatus::Committed | TxStatus::RollingBack | TxStatus::RolledBack);
+                let crossed = (saga(before.status) && tcc(row.status)) || (tcc(before.status) && saga(row.status));
+                prop_assert!(!crossed, "{:?} -> {:?}", before.status, row.status);
+                match row.status {
+                    TxStatus::Committed => prop_assert_eq!(row.decision, Some(Decision::Commit)),
+                    TxStatus::RolledBack => prop_assert_eq!(row.decision, Some(Decision::Rollback)),
+                    TxStatus::Compensated => prop_assert_eq!(row.decision, Some(Decision::Compensate)),
+                    TxStatus::Succeeded => prop_assert_eq!(row.decision, None),
+                    _ => {}
+                }
+            }
+        }
     }
 }

@@ -364,7 +364,6 @@ pub async fn drive(inner: Arc<Inner>, mut job: Job, active: Arc<Active>) -> Ende
             let progress = inner.progress(
                 &job,
                 job.phase.status(),
-                None,
                 Some(inner.config.instance.clone()),
                 Some(now_ms() + lease.as_millis() as i64),
                 None,
@@ -393,7 +392,6 @@ async fn turn_to_compensation_durably(
     let progress = inner.progress(
         job,
         TxStatus::Compensating,
-        Some(Decision::Compensate),
         Some(inner.config.instance.clone()),
         Some(due),
         Some(reason.clone()),
@@ -414,7 +412,7 @@ async fn settle(
     to: TxStatus,
     reason: Option<String>,
 ) -> Ended {
-    let progress = inner.progress(job, to, None, None, None, reason.clone());
+    let progress = inner.progress(job, to, None, None, reason.clone());
     if !inner.write_fenced(progress).await {
         return Ended::Lost;
     }
@@ -433,7 +431,6 @@ async fn hand_off(inner: &Inner, job: &Job, active: &Active, due_ms: Option<i64>
     let progress = inner.progress(
         job,
         job.phase.status(),
-        None,
         None,
         due_ms.or(Some(now_ms())),
         None,
@@ -462,11 +459,14 @@ impl Inner {
         &self,
         job: &Job,
         to: TxStatus,
-        decision: Option<Decision>,
         owner: Option<String>,
         due_ms: Option<i64>,
         last_error: Option<String>,
     ) -> Progress {
+        let decision = to.implied_decision().or(match job.phase {
+            Phase::Settle(d) => Some(d),
+            Phase::Forward => None,
+        });
         Progress {
             xid: job.xid.clone(),
             fence: job.fence,
@@ -495,6 +495,191 @@ impl Inner {
                 tracing::warn!(%xid, error = %e, "store write failed; recovery will continue the transaction");
                 false
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The driver's pure bookkeeping (which step may be called, what an answer does), run
+    //! against random graphs and random answers with the async loop replaced by a simple
+    //! simulation: nothing starts before its dependencies are done, nothing is compensated
+    //! while a step depending on it still needs it, no action starts after the turn, settled
+    //! steps never change, and every run ends.
+    use super::*;
+    use proptest::prelude::*;
+
+    fn job(kind: Kind, deps: &[Vec<usize>], phase: Phase) -> Job {
+        let mut graph = Graph::independent(deps.len());
+        for (i, ds) in deps.iter().enumerate() {
+            for &d in ds {
+                graph.add_edge(d, i);
+            }
+        }
+        let steps = (0..deps.len())
+            .map(|i| {
+                let row = BranchRow {
+                    branch_id: format!("s{i}"),
+                    ..BranchRow::default()
+                };
+                let policy = RetryPolicy {
+                    max_attempts: 3,
+                    ..RetryPolicy::default()
+                };
+                StepRun::new(row, Vec::new(), Vec::new(), BTreeMap::new(), policy)
+            })
+            .collect();
+        Job {
+            xid: "x".into(),
+            kind,
+            fence: 1,
+            phase,
+            deadline_ms: None,
+            graph,
+            steps,
+        }
+    }
+
+    fn outcome(code: u8) -> CallOutcome {
+        match code % 8 {
+            0..=3 => CallOutcome::Success(b"r".to_vec()),
+            4 | 5 => CallOutcome::Unknown("timeout".into()),
+            6 => CallOutcome::Failure("no".into()),
+            _ => CallOutcome::Rejected("bad".into()),
+        }
+    }
+
+    fn dag() -> impl Strategy<Value = Vec<Vec<usize>>> {
+        (1usize..7).prop_flat_map(|n| {
+            (0..n)
+                .map(|i| {
+                    proptest::collection::vec(0..i.max(1), 0..=i.min(3))
+                        .prop_map(move |d| if i == 0 { vec![] } else { d })
+                })
+                .collect::<Vec<_>>()
+        })
+    }
+
+    /// Simulates the driver: start some callable steps, answer some in-flight calls, turn when
+    /// told to once nothing is in flight. Returns the final phase and states.
+    fn simulate(
+        mut job: Job,
+        answers: &[u8],
+        picks: &[u8],
+    ) -> Result<(Phase, Vec<BranchState>), TestCaseError> {
+        let mut turn = false;
+        // After the scripted answers every call succeeds: retries must then end the run.
+        let mut a = answers.iter().copied().chain(std::iter::repeat(0));
+        let mut p = picks.iter().cycle();
+        let settled = |s: BranchState| {
+            matches!(
+                s,
+                BranchState::Confirmed | BranchState::Cancelled | BranchState::Compensated
+            )
+        };
+        for _ in 0..2000 {
+            let in_flight: Vec<usize> = (0..job.steps.len())
+                .filter(|&i| job.steps[i].in_flight)
+                .collect();
+            let callable = if turn { Vec::new() } else { job.candidates() };
+            if in_flight.is_empty() {
+                if turn {
+                    let mut states = job.states();
+                    turn_to_compensation(&mut states);
+                    for (s, st) in job.steps.iter_mut().zip(states) {
+                        s.row.state = st;
+                    }
+                    job.phase = Phase::Settle(Decision::Compensate);
+                    turn = false;
+                    continue;
+                }
+                if job.phase_complete() || callable.is_empty() {
+                    return Ok((job.phase, job.states()));
+                }
+            }
+            // Start some of what may start (at least one if nothing runs).
+            for (k, &i) in callable.iter().enumerate() {
+                if k > 0 && p.next().unwrap().is_multiple_of(2) && !in_flight.is_empty() {
+                    continue;
+                }
+                if job.phase == Phase::Forward {
+                    prop_assert!(
+                        job.graph
+                            .deps(i)
+                            .iter()
+                            .all(|&d| job.steps[d].row.state == BranchState::Done)
+                    );
+                } else {
+                    let needs = job.needs();
+                    prop_assert!(
+                        job.graph
+                            .dependents(i)
+                            .iter()
+                            .all(|&d| !needs(job.steps[d].row.state))
+                    );
+                    prop_assert!(!settled(job.steps[i].row.state));
+                }
+                let step = &mut job.steps[i];
+                step.in_flight = true;
+                step.row.attempts += 1;
+                if job.phase == Phase::Forward {
+                    step.row.state = BranchState::InDoubt;
+                }
+            }
+            // Answer one in-flight call.
+            let in_flight: Vec<usize> = (0..job.steps.len())
+                .filter(|&i| job.steps[i].in_flight)
+                .collect();
+            if let Some(&i) = in_flight.get(*p.next().unwrap() as usize % in_flight.len().max(1)) {
+                let before = job.states();
+                let phase = job.phase;
+                if job.record(i, outcome(a.next().unwrap())).is_some() {
+                    prop_assert_eq!(phase, Phase::Forward, "only the forward phase turns");
+                    turn = true;
+                }
+                for (j, (b, now)) in before.iter().zip(job.states()).enumerate() {
+                    if j != i {
+                        prop_assert_eq!(*b, now, "an answer changed another step");
+                    }
+                    if settled(*b) {
+                        prop_assert_eq!(*b, now, "a settled step changed");
+                    }
+                }
+            }
+        }
+        Err(TestCaseError::fail("the simulation did not end"))
+    }
+
+    proptest! {
+        #[test]
+        fn saga_scheduling_respects_dependencies_and_ends(
+            deps in dag(),
+            answers in proptest::collection::vec(any::<u8>(), 1..40),
+            picks in proptest::collection::vec(any::<u8>(), 1..40),
+        ) {
+            let (phase, states) = simulate(job(Kind::Saga, &deps, Phase::Forward), &answers, &picks)?;
+            match phase {
+                Phase::Forward => prop_assert!(states.iter().all(|s| *s == BranchState::Done), "{states:?}"),
+                Phase::Settle(_) => {
+                    prop_assert!(!states.contains(&BranchState::Pending), "a step was never decided: {states:?}");
+                    prop_assert!(!states.contains(&BranchState::Done) && !states.contains(&BranchState::InDoubt)
+                        || states.contains(&BranchState::Stuck), "left uncompensated: {states:?}");
+                }
+            }
+        }
+
+        #[test]
+        fn tcc_phase_two_settles_every_branch_or_parks(
+            n in 1usize..6,
+            commit in any::<bool>(),
+            answers in proptest::collection::vec(any::<u8>(), 1..40),
+            picks in proptest::collection::vec(any::<u8>(), 1..40),
+        ) {
+            let decision = if commit { Decision::Commit } else { Decision::Rollback };
+            let deps = vec![Vec::new(); n];
+            let (_, states) = simulate(job(Kind::Tcc, &deps, Phase::Settle(decision)), &answers, &picks)?;
+            let done = if commit { BranchState::Confirmed } else { BranchState::Cancelled };
+            prop_assert!(states.iter().all(|s| *s == done || *s == BranchState::Stuck), "{states:?}");
         }
     }
 }

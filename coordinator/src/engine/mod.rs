@@ -553,7 +553,7 @@ impl Engine {
             new_fence: Some(fence),
             from: TxStatus::NeedsAttention,
             to: phase.status(),
-            decision: None,
+            decision: Some(decision),
             owner: Some(self.inner.config.instance.clone()),
             due_ms: Some(now_ms() + self.inner.config.lease.as_millis() as i64),
             last_error: None,

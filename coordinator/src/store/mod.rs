@@ -61,7 +61,8 @@ pub struct Progress {
     pub new_fence: Option<i64>,
     pub from: TxStatus,
     pub to: TxStatus,
-    /// Recorded if `Some`; an existing decision is kept otherwise.
+    /// The decision recorded after the write: the one `to` stands for (NEEDS_ATTENTION keeps
+    /// the transaction's). A write that would replace a recorded decision is `Fenced`.
     pub decision: Option<Decision>,
     /// `None` releases the transaction (for recovery to pick up at `due_ms`).
     pub owner: Option<String>,

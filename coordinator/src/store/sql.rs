@@ -54,9 +54,11 @@ const DECIDE_ROLLBACK: &str = "UPDATE dtx_global SET status = 'ROLLING_BACK', \
      decision = 'rollback', owner = ?, fence = ?, due_ms = ?, updated_ms = ? \
      WHERE xid = ? AND status = 'TRYING'";
 
-const PROGRESS: &str = "UPDATE dtx_global SET status = ?, decision = COALESCE(?, decision), \
+/// A driver's change: only with its fencing token, from the status it expects, and never
+/// replacing a recorded decision with another.
+const PROGRESS: &str = "UPDATE dtx_global SET status = ?, decision = ?, \
      owner = ?, fence = ?, due_ms = ?, last_error = COALESCE(?, last_error), updated_ms = ? \
-     WHERE xid = ? AND fence = ? AND status = ?";
+     WHERE xid = ? AND fence = ? AND status = ? AND (decision IS NULL OR decision = ?)";
 
 /// Rows whose recovery time passed. Other claimers skip the rows this one locked.
 const DUE: Sql = Sql {
@@ -341,7 +343,12 @@ async fn existing_unless_inserted<C: Conn>(
 }
 
 async fn progress<C: Conn>(conn: &mut C, p: &Progress, now: i64) -> Result<Written> {
-    debug_assert!(p.from.can_become(p.to), "{} -> {}", p.from, p.to);
+    if !TxStatus::transition_allowed(p.from, p.to, p.decision) {
+        return Err(Error::Corrupt(format!(
+            "refusing to move {} from {} to {} with decision {:?}",
+            p.xid, p.from, p.to, p.decision
+        )));
+    }
     let n = conn
         .execute(
             PROGRESS,
@@ -355,7 +362,8 @@ async fn progress<C: Conn>(conn: &mut C, p: &Progress, now: i64) -> Result<Writt
                 now,
                 p.xid.as_str(),
                 p.fence,
-                p.from.as_str()
+                p.from.as_str(),
+                p.decision.map(Decision::as_str)
             ],
         )
         .await?;

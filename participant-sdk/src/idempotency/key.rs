@@ -17,7 +17,7 @@
 
 use std::fmt;
 
-use dtx_proto::limits::LimitError;
+use dtx_proto::limits::{self, LimitError, id_char};
 use sha2::{Digest, Sha256};
 
 use crate::Error;
@@ -32,14 +32,11 @@ pub const MAX_TENANT_LEN: usize = 64;
 const ID_CHARSET: &str = "[A-Za-z0-9._:-]";
 const TENANT_CHARSET: &str = "[A-Za-z0-9._-]";
 
-fn id_char(c: u8) -> bool {
-    c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b':' | b'-')
-}
-
 fn tenant_char(c: u8) -> bool {
     id_char(c) && c != b':'
 }
 
+/// [`limits::check_token`], optionally accepting an empty value.
 fn check(
     field: &str,
     value: &str,
@@ -48,22 +45,10 @@ fn check(
     charset: &str,
     may_be_empty: bool,
 ) -> Result<(), LimitError> {
-    if value.is_empty() && !may_be_empty {
-        return Err(LimitError(format!("{field} must not be empty")));
+    if value.is_empty() && may_be_empty {
+        return Ok(());
     }
-    if value.len() > max {
-        return Err(LimitError(format!(
-            "{field} is {} bytes, longer than the limit of {max} bytes",
-            value.len()
-        )));
-    }
-    if let Some(bad) = value.bytes().find(|c| !allowed(*c)) {
-        return Err(LimitError(format!(
-            "{field} contains {:?}, outside the allowed charset {charset}",
-            bad as char
-        )));
-    }
-    Ok(())
+    limits::check_token(field, value, max, allowed, charset)
 }
 
 /// Checks a scope: 1..=64 bytes of `[A-Za-z0-9._:-]`.

@@ -23,7 +23,7 @@ const READ: &str = "SELECT request_hash, status, owner_token, lease_until, resul
 
 /// The fenced completion: only the current owner of a PROCESSING record may finish it.
 const COMPLETE: &str = "UPDATE dtx_idempotency SET status = ?, result_code = ?, result_body = ?, \
-                        resource_id = NULLIF(?, ''), lease_until = NULL, attention = NULL, \
+                        resource_id = ?, lease_until = NULL, attention = NULL, \
                         version = version + 1, updated_at = ? \
                         WHERE scope = ? AND idem_key = ? AND owner_token = ? \
                         AND status = 'PROCESSING'";
@@ -56,7 +56,7 @@ const PARK: &str = "UPDATE dtx_idempotency SET lease_until = NULL, attention = ?
 
 /// A person's decision on a parked record.
 const RESOLVE: &str = "UPDATE dtx_idempotency SET status = ?, result_code = ?, result_body = ?, \
-                       resource_id = NULLIF(?, ''), attention = NULL, \
+                       resource_id = ?, attention = NULL, \
                        version = version + 1, updated_at = ? \
                        WHERE scope = ? AND idem_key = ? AND status = 'PROCESSING' \
                        AND attention IS NOT NULL";
@@ -176,7 +176,7 @@ pub(super) async fn finish<C: Conn>(
         &result.body,
         // Never a NULL argument: PostgreSQL's prepared statements keep the type of the first
         // binding, and dtx_sql binds NULL as BIGINT. "No resource" travels as ''.
-        result.resource_id.as_deref().unwrap_or(""),
+        result.resource_id.as_deref(),
         now,
         key.scope(),
         key.idem_key(),
