@@ -23,10 +23,21 @@ pub const FAST: &[&str] = &[
     "500",
 ];
 
+/// [`FAST`] (except the flags `extra` sets itself) followed by `extra`.
+fn with_fast<'a>(extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args: Vec<&str> = FAST
+        .chunks(2)
+        .filter(|pair| !extra.contains(&pair[0]))
+        .flatten()
+        .copied()
+        .collect();
+    args.extend_from_slice(extra);
+    args
+}
+
 fn config(store: &str, extra: &[&str]) -> Config {
     let mut args = vec!["coordinator", "--store", store, "--listen", "127.0.0.1:0"];
-    args.extend_from_slice(FAST);
-    args.extend_from_slice(extra);
+    args.extend(with_fast(extra));
     Config::try_parse_from(args).expect("test coordinator flags")
 }
 
@@ -107,8 +118,7 @@ impl Process {
     pub async fn start_on(bin: &str, store: &str, addr: SocketAddr, extra: &[&str]) -> Process {
         let listen = addr.to_string();
         let mut args = vec!["--store", store, "--listen", listen.as_str()];
-        args.extend_from_slice(FAST);
-        args.extend_from_slice(extra);
+        args.extend(with_fast(extra));
         let log = std::env::var("DTX_TEST_COORDINATOR_LOG").ok();
         let child = Command::new(PathBuf::from(bin))
             .args(&args)

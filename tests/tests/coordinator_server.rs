@@ -1,0 +1,140 @@
+//! The coordinator as a service: gRPC health and reflection answer, and SIGTERM shuts a process
+//! down gracefully - in-flight calls finish and its transactions are handed back to the store,
+//! so another process continues them at once instead of after the lease.
+
+use std::time::{Duration, Instant};
+
+use dtx_proto::v1::TxStatus;
+use dtx_sdk::barrier::Action;
+use dtx_sdk::client::SagaStep;
+use dtx_sql::{Schema, sqlx};
+use dtx_tests::coordinator::{InProcess, Process};
+use dtx_tests::db::{TestDb, with_db};
+use dtx_tests::ledger;
+use dtx_tests::net::serve;
+use dtx_tests::participant::{Bank, Fault, Faults, payload};
+use dtx_tests::world::{SCHEMAS, START};
+use futures::StreamExt;
+use tonic::transport::{Channel, Server};
+use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+use tonic_reflection::pb::v1::ServerReflectionRequest;
+use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+
+const BIN: &str = env!("CARGO_BIN_EXE_test-coordinator");
+
+#[tokio::test]
+async fn health_and_reflection_answer() {
+    with_db::<sqlx::Sqlite, _, _>(
+        &[Schema::Coordinator],
+        |db: &'static TestDb<sqlx::Sqlite>| async move {
+            let coordinator = InProcess::start(&db.url, &[]).await;
+            let channel = Channel::from_shared(coordinator.url.clone())
+                .unwrap()
+                .connect()
+                .await
+                .unwrap();
+            let health = HealthClient::new(channel.clone())
+                .check(HealthCheckRequest {
+                    service: "dtx.v1.Coordinator".into(),
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            assert_eq!(health.status(), ServingStatus::Serving);
+
+            let mut reflection = ServerReflectionClient::new(channel);
+            let request = ServerReflectionRequest {
+                host: String::new(),
+                message_request: Some(MessageRequest::ListServices(String::new())),
+            };
+            let mut answers = reflection
+                .server_reflection_info(futures::stream::iter([request]))
+                .await
+                .unwrap()
+                .into_inner();
+            let Some(Ok(answer)) = answers.next().await else {
+                panic!("no reflection answer")
+            };
+            let Some(MessageResponse::ListServicesResponse(list)) = answer.message_response else {
+                panic!("{answer:?}")
+            };
+            let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
+            assert!(
+                names.contains(&"dtx.v1.Coordinator".to_string()),
+                "{names:?}"
+            );
+            assert!(
+                names.contains(&"dtx.v1.Participant".to_string()),
+                "{names:?}"
+            );
+            coordinator.stop().await;
+        },
+    )
+    .await;
+}
+
+/// SIGTERM while a saga step hangs: the process exits cleanly within its grace period, and a
+/// second process finishes the saga right away - well before the 30 s lease would expire.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sigterm_hands_transactions_over_at_once() {
+    with_db::<sqlx::Postgres, _, _>(SCHEMAS, |db: &'static TestDb<sqlx::Postgres>| async move {
+        ledger::create_tables(&db.pool).await;
+        ledger::open_account(&db.pool, "alice", START).await;
+        let faults = Faults::default();
+        faults.push(
+            "s1",
+            Action::Action,
+            [Fault::Delay(Duration::from_millis(300))],
+        );
+        let bank = serve(
+            Server::builder()
+                .add_service(Bank::new(db.pool.clone(), faults.clone()).into_service()),
+        )
+        .await;
+        let long_lease = ["--lease-ms", "30000"];
+        let first = Process::start(BIN, &db.url, &long_lease).await;
+        let client = first.client().await;
+        client
+            .saga()
+            .xid("handover")
+            .step(SagaStep::new("s1", bank.url(), "debit").payload(payload("alice", 1)))
+            .step(SagaStep::new("s2", bank.url(), "debit").payload(payload("alice", 2)))
+            .submit()
+            .await
+            .unwrap();
+        while faults.calls("s1", Action::Action) == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let status = first.terminate().await;
+        assert!(status.success(), "exit status {status:?}");
+
+        let second = Process::start(BIN, &db.url, &long_lease).await;
+        let started = Instant::now();
+        let done = second
+            .client()
+            .await
+            .wait("handover", Duration::from_secs(20))
+            .await
+            .unwrap();
+        assert_eq!(done.status(), TxStatus::Succeeded, "{done:?}");
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "taken over after {:?}",
+            started.elapsed()
+        );
+        assert_eq!(
+            ledger::effects(&db.pool, "handover", "s1", "action").await,
+            1
+        );
+        assert_eq!(
+            ledger::effects(&db.pool, "handover", "s2", "action").await,
+            1
+        );
+        second.kill().await;
+    })
+    .await;
+}
