@@ -397,120 +397,79 @@ pub trait Backend: sqlx::Database + Sized {
     ) -> impl Future<Output = Result<(), sqlx::migrate::MigrateError>> + Send;
 }
 
-impl Backend for sqlx::Postgres {
-    fn pooled(conn: &mut sqlx::pool::PoolConnection<Self>) -> &mut Self::Conn {
-        conn
-    }
+/// The parts of a [`Backend`] impl that only differ in types and folder names.
+macro_rules! backend {
+    ($db:ty, $conn:ty, $migrations:tt, begin: |$pool:ident| $begin:expr,
+     options: $options:ty => |$o:ident| $tune:expr) => {
+        impl Backend for $db {
+            type Conn = $conn;
 
-    async fn execute_script(pool: &Pool<Self>, sql: String) -> Result<(), sqlx::Error> {
-        sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
-            .execute(pool)
-            .await?;
-        Ok(())
-    }
+            fn pooled(conn: &mut sqlx::pool::PoolConnection<Self>) -> &mut Self::Conn {
+                conn
+            }
 
-    type Conn = sqlx::PgConnection;
+            fn conn<'t>(tx: &'t mut Transaction<'static, Self>) -> &'t mut Self::Conn {
+                tx
+            }
 
-    fn conn<'t>(tx: &'t mut Transaction<'static, Self>) -> &'t mut Self::Conn {
-        tx
-    }
+            async fn begin($pool: &Pool<Self>) -> Result<Transaction<'static, Self>, sqlx::Error> {
+                $begin.await
+            }
 
-    async fn begin(pool: &Pool<Self>) -> Result<Transaction<'static, Self>, sqlx::Error> {
-        pool.begin().await
-    }
+            async fn connect(url: &str, max_connections: u32) -> Result<Pool<Self>, sqlx::Error> {
+                let $o = <$options>::from_str(url)?;
+                pool_options(max_connections).connect_with($tune).await
+            }
 
-    async fn connect(url: &str, max_connections: u32) -> Result<Pool<Self>, sqlx::Error> {
-        let options = sqlx::postgres::PgConnectOptions::from_str(url)?;
-        pool_options(max_connections).connect_with(options).await
-    }
+            async fn execute_script(pool: &Pool<Self>, sql: String) -> Result<(), sqlx::Error> {
+                sqlx::raw_sql(sqlx::AssertSqlSafe(sql)).execute(pool).await?;
+                Ok(())
+            }
 
-    async fn migrate(pool: &Pool<Self>, schema: Schema) -> Result<(), sqlx::migrate::MigrateError> {
-        migrators!(
-            "postgres/coordinator",
-            "postgres/barrier",
-            "postgres/idempotency"
-        )(schema)
-        .run(pool)
-        .await
-    }
+            async fn migrate(pool: &Pool<Self>, schema: Schema) -> Result<(), sqlx::migrate::MigrateError> {
+                migrators! $migrations(schema)
+                .run(pool)
+                .await
+            }
+        }
+    };
 }
 
-impl Backend for sqlx::MySql {
-    fn pooled(conn: &mut sqlx::pool::PoolConnection<Self>) -> &mut Self::Conn {
-        conn
-    }
+backend!(
+    sqlx::Postgres,
+    sqlx::PgConnection,
+    ("postgres/coordinator", "postgres/barrier", "postgres/idempotency"),
+    begin: |pool| pool.begin(),
+    options: sqlx::postgres::PgConnectOptions => |o| o
+);
 
-    async fn execute_script(pool: &Pool<Self>, sql: String) -> Result<(), sqlx::Error> {
-        sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
-            .execute(pool)
-            .await?;
-        Ok(())
-    }
+backend!(
+    sqlx::MySql,
+    sqlx::MySqlConnection,
+    ("mysql/coordinator", "mysql/barrier", "mysql/idempotency"),
+    // READ COMMITTED: no gap locks taken by the duplicate-key checks of concurrent inserts.
+    begin: |pool| pool.begin_with("SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION"),
+    options: sqlx::mysql::MySqlConnectOptions => |o| o
+);
 
-    type Conn = sqlx::MySqlConnection;
-
-    fn conn<'t>(tx: &'t mut Transaction<'static, Self>) -> &'t mut Self::Conn {
-        tx
-    }
-
-    async fn begin(pool: &Pool<Self>) -> Result<Transaction<'static, Self>, sqlx::Error> {
-        pool.begin_with("SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION")
-            .await
-    }
-
-    async fn connect(url: &str, max_connections: u32) -> Result<Pool<Self>, sqlx::Error> {
-        let options = sqlx::mysql::MySqlConnectOptions::from_str(url)?;
-        pool_options(max_connections).connect_with(options).await
-    }
-
-    async fn migrate(pool: &Pool<Self>, schema: Schema) -> Result<(), sqlx::migrate::MigrateError> {
-        migrators!("mysql/coordinator", "mysql/barrier", "mysql/idempotency")(schema)
-            .run(pool)
-            .await
-    }
-}
-
-impl Backend for sqlx::Sqlite {
-    fn pooled(conn: &mut sqlx::pool::PoolConnection<Self>) -> &mut Self::Conn {
-        conn
-    }
-
-    async fn execute_script(pool: &Pool<Self>, sql: String) -> Result<(), sqlx::Error> {
-        sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
-            .execute(pool)
-            .await?;
-        Ok(())
-    }
-
-    type Conn = sqlx::SqliteConnection;
-
-    fn conn<'t>(tx: &'t mut Transaction<'static, Self>) -> &'t mut Self::Conn {
-        tx
-    }
-
-    async fn begin(pool: &Pool<Self>) -> Result<Transaction<'static, Self>, sqlx::Error> {
-        pool.begin_with("BEGIN IMMEDIATE").await
-    }
-
-    async fn connect(url: &str, max_connections: u32) -> Result<Pool<Self>, sqlx::Error> {
-        use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
-        let options = SqliteConnectOptions::from_str(url)?
-            .create_if_missing(true)
+backend!(
+    sqlx::Sqlite,
+    sqlx::SqliteConnection,
+    ("sqlite/coordinator", "sqlite/barrier", "sqlite/idempotency"),
+    // IMMEDIATE: take the write lock up front, so a transaction that reads before it writes
+    // cannot fail with SQLITE_BUSY when it upgrades.
+    begin: |pool| pool.begin_with("BEGIN IMMEDIATE"),
+    options: sqlx::sqlite::SqliteConnectOptions => |o| {
+        use sqlx::sqlite::{SqliteJournalMode, SqliteSynchronous};
+        o.create_if_missing(true)
             // WAL lets readers run beside the single writer; FULL keeps every commit durable
             // across power loss, which a coordinator's decisions need.
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Full)
             .busy_timeout(Duration::from_secs(30))
-            .foreign_keys(true);
-        pool_options(max_connections).connect_with(options).await
+            .foreign_keys(true)
     }
-
-    async fn migrate(pool: &Pool<Self>, schema: Schema) -> Result<(), sqlx::migrate::MigrateError> {
-        migrators!("sqlite/coordinator", "sqlite/barrier", "sqlite/idempotency")(schema)
-            .run(pool)
-            .await
-    }
-}
+);
 
 fn pool_options<DB: sqlx::Database>(max_connections: u32) -> PoolOptions<DB> {
     PoolOptions::new()

@@ -71,11 +71,24 @@ pub struct BranchCall {
 
 /// A business handler: runs inside the local transaction on `conn` and replies
 /// [`Reply::Success`] / [`Reply::Failure`], or returns an error to roll back and be retried.
-pub type Handler<C> = Arc<
-    dyn for<'c> Fn(&'c mut C, BranchCall) -> BoxFuture<'c, Result<Reply, HandlerError>>
+/// Any `|conn, call| Box::pin(async move { ... })` closure of that shape is one.
+pub trait HandlerFn<C>:
+    for<'c> Fn(&'c mut C, BranchCall) -> BoxFuture<'c, Result<Reply, HandlerError>>
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<C, F> HandlerFn<C> for F where
+    F: for<'c> Fn(&'c mut C, BranchCall) -> BoxFuture<'c, Result<Reply, HandlerError>>
         + Send
-        + Sync,
->;
+        + Sync
+        + 'static
+{
+}
+
+type Handler<C> = Arc<dyn HandlerFn<C>>;
 
 enum Handlers<C> {
     Tcc {
@@ -123,18 +136,9 @@ impl<DB: Backend> ParticipantServer<DB> {
     /// Registers a TCC resource: `name`'s try, confirm and cancel handlers.
     pub fn tcc<T, F, X>(mut self, name: impl Into<String>, try_: T, confirm: F, cancel: X) -> Self
     where
-        T: for<'c> Fn(&'c mut DB::Conn, BranchCall) -> BoxFuture<'c, Result<Reply, HandlerError>>
-            + Send
-            + Sync
-            + 'static,
-        F: for<'c> Fn(&'c mut DB::Conn, BranchCall) -> BoxFuture<'c, Result<Reply, HandlerError>>
-            + Send
-            + Sync
-            + 'static,
-        X: for<'c> Fn(&'c mut DB::Conn, BranchCall) -> BoxFuture<'c, Result<Reply, HandlerError>>
-            + Send
-            + Sync
-            + 'static,
+        T: HandlerFn<DB::Conn>,
+        F: HandlerFn<DB::Conn>,
+        X: HandlerFn<DB::Conn>,
     {
         let handlers = Handlers::Tcc {
             try_: Arc::new(try_),
@@ -148,14 +152,8 @@ impl<DB: Backend> ParticipantServer<DB> {
     /// Registers a saga step: `name`'s action and compensation handlers.
     pub fn saga<A, X>(mut self, name: impl Into<String>, action: A, compensate: X) -> Self
     where
-        A: for<'c> Fn(&'c mut DB::Conn, BranchCall) -> BoxFuture<'c, Result<Reply, HandlerError>>
-            + Send
-            + Sync
-            + 'static,
-        X: for<'c> Fn(&'c mut DB::Conn, BranchCall) -> BoxFuture<'c, Result<Reply, HandlerError>>
-            + Send
-            + Sync
-            + 'static,
+        A: HandlerFn<DB::Conn>,
+        X: HandlerFn<DB::Conn>,
     {
         let handlers = Handlers::Saga {
             action: Arc::new(action),

@@ -21,7 +21,7 @@ use std::time::Duration;
 use dtx_proto::v1::TxStatus;
 use dtx_sdk::Error;
 use dtx_sdk::client::{Coordinator, RetryPolicy, SagaStep, TccBranch, TccOptions};
-use dtx_sql::{Conn, Schema, SqlRow};
+use dtx_sql::{Schema, SqlRow};
 use tokio::sync::{Mutex, Semaphore};
 use tonic::transport::Server;
 
@@ -207,16 +207,9 @@ async fn run_one(client: &Coordinator, bank: &str, p: &Planned) {
 
 /// Counts per (xid, branch, kind) of the ledger's effect log.
 async fn effect_counts<DB: TestBackend>(db: &TestDb<DB>) -> HashMap<(String, String, String), i64> {
-    let mut tx = DB::begin(&db.pool).await.unwrap();
-    let rows = DB::conn(&mut tx)
-        .fetch_all(
-            "SELECT xid, branch_id, kind, COUNT(*) FROM effects GROUP BY xid, branch_id, kind",
-            &[],
-        )
+    db.rows("SELECT xid, branch_id, kind, COUNT(*) FROM effects GROUP BY xid, branch_id, kind")
         .await
-        .unwrap();
-    tx.commit().await.unwrap();
-    rows.iter()
+        .iter()
         .map(|r| {
             (
                 (r.text(0).unwrap(), r.text(1).unwrap(), r.text(2).unwrap()),
@@ -230,16 +223,9 @@ async fn effect_counts<DB: TestBackend>(db: &TestDb<DB>) -> HashMap<(String, Str
 async fn barrier_rows<DB: TestBackend>(
     db: &TestDb<DB>,
 ) -> HashMap<(String, String, String), (String, String)> {
-    let mut tx = DB::begin(&db.pool).await.unwrap();
-    let rows = DB::conn(&mut tx)
-        .fetch_all(
-            "SELECT xid, branch_id, action, written_by, outcome FROM dtx_barrier",
-            &[],
-        )
+    db.rows("SELECT xid, branch_id, action, written_by, outcome FROM dtx_barrier")
         .await
-        .unwrap();
-    tx.commit().await.unwrap();
-    rows.iter()
+        .iter()
         .map(|r| {
             (
                 (r.text(0).unwrap(), r.text(1).unwrap(), r.text(2).unwrap()),
@@ -251,16 +237,8 @@ async fn barrier_rows<DB: TestBackend>(
 
 /// Transactions the store still has owned or due: (xid, status, owner, due_ms).
 async fn unsettled_rows<DB: TestBackend>(db: &TestDb<DB>) -> Vec<String> {
-    let mut tx = DB::begin(&db.pool).await.unwrap();
-    let rows = DB::conn(&mut tx)
-        .fetch_all(
-            "SELECT xid, status, owner, due_ms FROM dtx_global WHERE owner IS NOT NULL OR due_ms IS NOT NULL",
-            &[],
-        )
-        .await
-        .unwrap();
-    tx.commit().await.unwrap();
-    rows.iter()
+    db.rows("SELECT xid, status, owner, due_ms FROM dtx_global WHERE owner IS NOT NULL OR due_ms IS NOT NULL")
+        .await.iter()
         .map(|r| {
             format!(
                 "{} status {} owner {:?} due {:?}",
@@ -274,15 +252,12 @@ async fn unsettled_rows<DB: TestBackend>(db: &TestDb<DB>) -> Vec<String> {
 }
 
 async fn ledger_totals<DB: TestBackend>(db: &TestDb<DB>) -> (i64, i64) {
-    let mut tx = DB::begin(&db.pool).await.unwrap();
-    let rows = DB::conn(&mut tx)
-        .fetch_all("SELECT balance, held FROM accounts", &[])
+    db.rows("SELECT balance, held FROM accounts")
         .await
-        .unwrap();
-    tx.commit().await.unwrap();
-    rows.iter().fold((0, 0), |(b, h), r| {
-        (b + r.i64(0).unwrap(), h + r.i64(1).unwrap())
-    })
+        .iter()
+        .fold((0, 0), |(b, h), r| {
+            (b + r.i64(0).unwrap(), h + r.i64(1).unwrap())
+        })
 }
 
 /// Runs the harness on a fresh coordinator database and a fresh bank database of kind `DB`.

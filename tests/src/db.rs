@@ -142,6 +142,15 @@ impl<DB: TestBackend> TestDb<DB> {
         })
     }
 
+    /// Every row `sql` returns, read in a transaction of its own.
+    pub async fn rows(&self, sql: &'static str) -> Vec<<DB::Conn as dtx_sql::Conn>::Row> {
+        use dtx_sql::Conn as _;
+        let mut tx = DB::begin(&self.pool).await.expect("begin");
+        let rows = DB::conn(&mut tx).fetch_all(sql, &[]).await.expect(sql);
+        tx.commit().await.expect("commit");
+        rows
+    }
+
     /// Closes the pool and drops the database.
     pub async fn drop_database(&self) {
         self.pool.close().await;

@@ -278,13 +278,7 @@ async fn effect<C: dtx_sql::Conn>(
 
 fn ledger_handler<C: dtx_sql::Conn + 'static>(
     faults: HandlerFaults,
-) -> impl for<'c> Fn(
-    &'c mut C,
-    BranchCall,
-) -> futures::future::BoxFuture<'c, Result<Reply, dtx_sdk::barrier::HandlerError>>
-+ Send
-+ Sync
-+ 'static {
+) -> impl dtx_sdk::server::HandlerFn<C> {
     move |conn, call| {
         let fault = faults.0.lock().unwrap().remove(&(
             call.xid.clone(),

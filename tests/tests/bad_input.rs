@@ -9,7 +9,7 @@ use std::time::Duration;
 use dtx_proto::v1::coordinator_client::CoordinatorClient;
 use dtx_proto::v1::participant_client::ParticipantClient;
 use dtx_proto::v1::*;
-use dtx_sql::{Backend, Conn, SqlRow};
+use dtx_sql::SqlRow;
 use dtx_tests::db::{TestBackend, TestDb};
 use dtx_tests::participant::payload;
 use dtx_tests::test_on_all_databases;
@@ -19,48 +19,36 @@ use tonic::transport::Channel;
 use tonic::{Code, Status};
 
 /// Every row of the coordinator's tables, as text (updated_ms included: any write shows).
-async fn snapshot<DB: Backend>(pool: &dtx_sql::sqlx::Pool<DB>) -> Vec<String> {
-    let mut tx = DB::begin(pool).await.unwrap();
-    let conn = DB::conn(&mut tx);
-    let mut out = Vec::new();
-    for row in conn
-        .fetch_all(
-            "SELECT xid, status, decision, branch_count, updated_ms, spec FROM dtx_global ORDER BY xid",
-            &[],
-        )
-        .await
-        .unwrap()
-    {
-        out.push(format!(
+async fn snapshot<DB: TestBackend>(db: &TestDb<DB>) -> Vec<String> {
+    let globals = db
+        .rows("SELECT xid, status, decision, branch_count, updated_ms, spec FROM dtx_global ORDER BY xid")
+        .await;
+    let branches = db
+        .rows("SELECT xid, branch_id, status, attempts, payload, target FROM dtx_branch ORDER BY xid, branch_id")
+        .await;
+    let globals = globals.iter().map(|r| {
+        format!(
             "g {} {} {:?} {} {} {:?}",
-            row.text(0).unwrap(),
-            row.text(1).unwrap(),
-            row.opt_text(2).unwrap(),
-            row.i64(3).unwrap(),
-            row.i64(4).unwrap(),
-            row.opt_bytes(5).unwrap().map(|s| s.len())
-        ));
-    }
-    for row in conn
-        .fetch_all(
-            "SELECT xid, branch_id, status, attempts, payload, target FROM dtx_branch ORDER BY xid, branch_id",
-            &[],
+            r.text(0).unwrap(),
+            r.text(1).unwrap(),
+            r.opt_text(2).unwrap(),
+            r.i64(3).unwrap(),
+            r.i64(4).unwrap(),
+            r.opt_bytes(5).unwrap().map(|s| s.len())
         )
-        .await
-        .unwrap()
-    {
-        out.push(format!(
+    });
+    let branches = branches.iter().map(|r| {
+        format!(
             "b {} {} {} {} {:?} {}",
-            row.text(0).unwrap(),
-            row.text(1).unwrap(),
-            row.text(2).unwrap(),
-            row.i64(3).unwrap(),
-            row.opt_bytes(4).unwrap(),
-            row.text(5).unwrap()
-        ));
-    }
-    tx.commit().await.unwrap();
-    out
+            r.text(0).unwrap(),
+            r.text(1).unwrap(),
+            r.text(2).unwrap(),
+            r.i64(3).unwrap(),
+            r.opt_bytes(4).unwrap(),
+            r.text(5).unwrap()
+        )
+    });
+    globals.chain(branches).collect()
 }
 
 type Call = BoxFuture<'static, Result<(), Status>>;
@@ -515,7 +503,7 @@ async fn malformed_and_conflicting_input_is_rejected_without_writing<DB: TestBac
         ),
     ];
 
-    let before = snapshot(&db.pool).await;
+    let before = snapshot(db).await;
     let mut checked = 0;
     for (name, call, code, needle) in cases {
         let status = call.await.expect_err(name);
@@ -525,11 +513,7 @@ async fn malformed_and_conflicting_input_is_rejected_without_writing<DB: TestBac
             "{name}: {:?} lacks {needle:?}",
             status.message()
         );
-        assert_eq!(
-            snapshot(&db.pool).await,
-            before,
-            "{name} changed the database"
-        );
+        assert_eq!(snapshot(db).await, before, "{name} changed the database");
         checked += 1;
     }
     for (name, req, code, needle) in participant_cases {
@@ -563,7 +547,7 @@ async fn malformed_and_conflicting_input_is_rejected_without_writing<DB: TestBac
     // (A repeated Begin/Register/Submit writes nothing; an accepted repeat of a decision
     // neither.)
     assert_eq!(
-        snapshot(&db.pool).await,
+        snapshot(db).await,
         before,
         "idempotent repeats changed the database"
     );
