@@ -117,7 +117,8 @@ async fn serve_metrics(listener: TcpListener, engine: Engine) {
             let mut buf = [0u8; 1024];
             let _ = socket.read(&mut buf).await;
             let (commits, writes) = engine.store().stats().snapshot();
-            let body = engine.metrics().render(commits, writes);
+            let parked = engine.store().count_parked().await.ok();
+            let body = engine.metrics().render(commits, writes, parked);
             let head = format!(
                 "HTTP/1.1 200 OK\r\ncontent-type: text/plain; version=0.0.4\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
                 body.len()

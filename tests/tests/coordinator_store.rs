@@ -321,3 +321,31 @@ test_on_all_databases!(
     finished_transactions_are_purged_with_their_branches,
     &[Schema::Coordinator]
 );
+
+async fn parked_transactions_are_counted_for_the_alert_gauge<DB: TestBackend>(
+    db: &'static TestDb<DB>,
+) {
+    let s = store(db).await;
+    assert_eq!(s.count_parked().await.unwrap(), 0);
+    for xid in ["p1", "p2", "ok"] {
+        s.write(begin(xid, 60_000)).await.unwrap();
+        s.write(decide(xid, Decision::Commit, 9)).await.unwrap();
+    }
+    for xid in ["p1", "p2"] {
+        let written = s
+            .write(progress(
+                xid,
+                9,
+                TxStatus::Committing,
+                TxStatus::NeedsAttention,
+            ))
+            .await
+            .unwrap();
+        assert_eq!(written, Written::Applied);
+    }
+    assert_eq!(s.count_parked().await.unwrap(), 2);
+}
+test_on_all_databases!(
+    parked_transactions_are_counted_for_the_alert_gauge,
+    &[Schema::Coordinator]
+);

@@ -53,7 +53,7 @@ impl Metrics {
     }
 
     /// The Prometheus text exposition of every counter, plus the store's commit counters.
-    pub fn render(&self, store_commits: u64, store_writes: u64) -> String {
+    pub fn render(&self, store_commits: u64, store_writes: u64, parked_now: Option<u64>) -> String {
         let mut out = String::new();
         let mut counter = |name: &str, help: &str, labels: &[(&str, &AtomicU64)]| {
             let _ = writeln!(out, "# HELP dtx_{name} {help}\n# TYPE dtx_{name} counter");
@@ -97,6 +97,37 @@ impl Metrics {
             out,
             "# HELP dtx_store_writes_total State changes written (several share a commit).\n# TYPE dtx_store_writes_total counter\ndtx_store_writes_total {store_writes}"
         );
+        if let Some(parked) = parked_now {
+            let _ = writeln!(
+                out,
+                "# HELP dtx_needs_attention Transactions parked in NEEDS_ATTENTION now, across all instances.\n# TYPE dtx_needs_attention gauge\ndtx_needs_attention {parked}"
+            );
+        }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_prometheus_text_with_the_alert_gauge() {
+        let m = Metrics::default();
+        m.started(Kind::Tcc);
+        m.finished(TxStatus::Committed);
+        m.parked();
+        let text = m.render(7, 21, Some(3));
+        assert!(
+            text.contains("dtx_transactions_started_total{kind=\"tcc\"} 1"),
+            "{text}"
+        );
+        assert!(text.contains("dtx_transactions_finished_total{status=\"committed\"} 1"));
+        assert!(text.contains("dtx_needs_attention_total 1"));
+        assert!(text.contains("# TYPE dtx_needs_attention gauge\ndtx_needs_attention 3"));
+        assert!(
+            text.contains("dtx_store_commits_total 7")
+                && text.contains("dtx_store_writes_total 21")
+        );
     }
 }

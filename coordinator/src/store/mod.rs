@@ -139,6 +139,10 @@ pub trait Store: Send + Sync + 'static {
     /// per round, until none is left. Returns how many transactions were deleted.
     fn purge_finished(&self, before_ms: i64, batch: i64) -> BoxFuture<'_, Result<u64>>;
 
+    /// How many transactions are parked in NEEDS_ATTENTION, across every instance (the gauge
+    /// operators alert on).
+    fn count_parked(&self) -> BoxFuture<'_, Result<u64>>;
+
     fn stats(&self) -> &StoreStats;
 }
 

@@ -75,6 +75,8 @@ const ANY_DUE: &str = "SELECT xid FROM dtx_global WHERE due_ms <= ? LIMIT 1";
 const CLAIM: &str = "UPDATE dtx_global SET owner = ?, fence = ?, due_ms = ?, updated_ms = ? \
      WHERE xid = ? AND due_ms <= ?";
 
+const PARKED: &str = "SELECT COUNT(*) FROM dtx_global WHERE status = 'NEEDS_ATTENTION'";
+
 const FINISHED: &str = "SELECT xid FROM dtx_global WHERE status IN \
      ('COMMITTED', 'ROLLED_BACK', 'SUCCEEDED', 'COMPENSATED') AND updated_ms < ? LIMIT ?";
 
@@ -204,6 +206,14 @@ impl<DB: Backend> Store for SqlStore<DB> {
 
     fn purge_finished(&self, before_ms: i64, batch: i64) -> BoxFuture<'_, Result<u64>> {
         Box::pin(self.purge(before_ms, batch.max(1)))
+    }
+
+    fn count_parked(&self) -> BoxFuture<'_, Result<u64>> {
+        Box::pin(async move {
+            let mut conn = self.pool.acquire().await?;
+            let row = DB::pooled(&mut conn).fetch_optional(PARKED, &[]).await?;
+            Ok(row.map_or(Ok(0), |r| r.i64(0))?.max(0) as u64)
+        })
     }
 
     fn stats(&self) -> &StoreStats {
