@@ -84,7 +84,8 @@ async fn stale_workers_cannot_move_a_transaction<DB: TestBackend>(db: &'static T
         s.write(register("x1", "b1", 64)).await.unwrap(),
         Written::Registered
     );
-    let Written::Decided { branches } = s.write(decide("x1", Decision::Commit, 42)).await.unwrap()
+    let Written::Decided { branches, .. } =
+        s.write(decide("x1", Decision::Commit, 42)).await.unwrap()
     else {
         panic!("decide");
     };

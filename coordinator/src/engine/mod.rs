@@ -84,7 +84,32 @@ pub struct View {
 
 /// A transaction driven by this instance.
 pub struct Active {
+    /// The transaction's row as the driver started with it (status and progress are in `view`).
+    pub global: GlobalRow,
     pub view: watch::Sender<View>,
+}
+
+impl Active {
+    /// The transaction as the driver sees it now, or `None` once the driver stopped without
+    /// settling it (then the store is the truth).
+    fn record(&self) -> Option<TxRecord> {
+        let view = self.view.borrow();
+        if view.ended.is_some() && !view.status.is_settled() {
+            return None;
+        }
+        Some(TxRecord {
+            global: GlobalRow {
+                status: view.status,
+                decision: view.status.implied_decision().or(self.global.decision),
+                last_error: view
+                    .last_error
+                    .clone()
+                    .or_else(|| self.global.last_error.clone()),
+                ..self.global.clone()
+            },
+            branches: view.branches.clone(),
+        })
+    }
 }
 
 /// Shared state of the engine.
@@ -326,14 +351,11 @@ impl Engine {
             })
             .await?;
         let status = match written {
-            Written::Decided { branches } => {
+            Written::Decided { global, branches } => {
                 let phase = Phase::Settle(decision);
-                let record = TxRecord {
-                    global: self.decided_row(&xid, decision, fence),
-                    branches,
-                };
+                let record = TxRecord { global, branches };
                 let job = self.job(&record, fence, phase)?;
-                self.spawn(job);
+                self.spawn(job, record.global);
                 phase.status()
             }
             Written::Missing => return Err(Error::UnknownXid(xid)),
@@ -374,26 +396,6 @@ impl Engine {
         match wait {
             Some(wait) => Ok(self.wait(&xid, wait).await?.global.status),
             None => Ok(status),
-        }
-    }
-
-    fn decided_row(&self, xid: &str, decision: Decision, fence: i64) -> GlobalRow {
-        let now = now_ms();
-        GlobalRow {
-            xid: xid.to_string(),
-            kind: Kind::Tcc,
-            status: TxStatus::of_decision(decision).0,
-            decision: Some(decision),
-            timeout_ms: 0,
-            deadline_ms: 0,
-            spec: None,
-            branch_count: 0,
-            owner: Some(self.inner.config.instance.clone()),
-            fence,
-            due_ms: None,
-            last_error: None,
-            created_ms: now,
-            updated_ms: now,
         }
     }
 
@@ -446,7 +448,7 @@ impl Engine {
                     branches: Vec::new(),
                 };
                 let job = self.job(&record, fence, Phase::Forward)?;
-                self.spawn(job);
+                self.spawn(job, record.global);
                 Ok(global)
             }
             Written::Exists(row) if row.kind == Kind::Saga && row.spec == global.spec => Ok(row),
@@ -470,48 +472,43 @@ impl Engine {
     /// The transaction as stored, overlaid with the live view of its driver if it runs here.
     pub async fn get(&self, xid: &str) -> Result<TxRecord> {
         limits::check_xid(xid)?;
-        let mut record = self
-            .inner
+        // While this instance drives it, its driver holds the lease: memory is the truth.
+        if let Some(record) = self.active(xid).and_then(|a| a.record()) {
+            return Ok(record);
+        }
+        self.inner
             .store
             .get(xid)
             .await?
-            .ok_or_else(|| Error::UnknownXid(xid.to_string()))?;
-        if let Some(active) = self.active(xid) {
-            let view = active.view.borrow().clone();
-            if view.ended.is_none() || view.status.is_settled() {
-                record.global.status = view.status;
-                if view.last_error.is_some() {
-                    record.global.last_error = view.last_error;
-                }
-                if !view.branches.is_empty() {
-                    record.branches = view.branches;
-                }
-            }
-        }
-        Ok(record)
+            .ok_or_else(|| Error::UnknownXid(xid.to_string()))
     }
 
     /// Waits until the transaction is settled (terminal or parked) or `timeout` elapsed, and
     /// returns it as [`Engine::get`] does.
     pub async fn wait(&self, xid: &str, timeout: Duration) -> Result<TxRecord> {
+        limits::check_xid(xid)?;
         let until = tokio::time::Instant::now() + timeout;
         let mut poll = Duration::from_millis(20);
         loop {
+            // Driven here: wait for the driver's view, no store reads.
+            if let Some(active) = self.active(xid) {
+                let mut rx = active.view.subscribe();
+                let settled = rx.wait_for(|v| v.status.is_settled() || v.ended.is_some());
+                let _ = tokio::time::timeout_at(until, settled).await;
+                if let Some(record) = active.record()
+                    && (record.global.status.is_settled() || tokio::time::Instant::now() >= until)
+                {
+                    return Ok(record);
+                }
+            }
+            // Driven elsewhere (or handed off): poll the store with backoff.
             let record = self.get(xid).await?;
             if record.global.status.is_settled() || tokio::time::Instant::now() >= until {
                 return Ok(record);
             }
-            match self.active(xid) {
-                Some(active) => {
-                    let mut rx = active.view.subscribe();
-                    let settled = rx.wait_for(|v| v.status.is_settled() || v.ended.is_some());
-                    // Either settled (re-read below) or the driver stopped (then poll the store).
-                    let _ = tokio::time::timeout_at(until, settled).await;
-                }
-                None => {
-                    tokio::time::sleep_until(until.min(tokio::time::Instant::now() + poll)).await;
-                    poll = (poll * 2).min(Duration::from_millis(500));
-                }
+            if self.active(xid).is_none() {
+                tokio::time::sleep_until(until.min(tokio::time::Instant::now() + poll)).await;
+                poll = (poll * 2).min(Duration::from_millis(500));
             }
         }
     }
@@ -569,7 +566,7 @@ impl Engine {
                     },
                     branches,
                 };
-                self.spawn(self.job(&resumed, fence, phase)?);
+                self.spawn(self.job(&resumed, fence, phase)?, resumed.global);
                 tracing::info!(%xid, "resumed by an operator");
                 self.get(xid).await
             }
@@ -670,9 +667,10 @@ impl Engine {
     }
 
     /// Runs a driver for `job` in the background, visible to Get/Wait while it runs.
-    fn spawn(&self, job: Job) {
+    fn spawn(&self, job: Job, global: GlobalRow) {
         let xid = job.xid.clone();
         let active = Arc::new(Active {
+            global,
             view: watch::channel(View {
                 status: job.phase.status(),
                 branches: Vec::new(),

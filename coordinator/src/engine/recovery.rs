@@ -102,6 +102,6 @@ async fn take_over(engine: &Engine, mut record: TxRecord) -> Result<()> {
     engine.inner.metrics.recovered();
     tracing::info!(xid = %record.global.xid, status = %record.global.status, "taking over");
     let job = engine.job(&record, fence, phase)?;
-    engine.spawn(job);
+    engine.spawn(job, record.global);
     Ok(())
 }

@@ -91,8 +91,11 @@ pub enum Written {
         global: GlobalRow,
         existing: Option<BranchRow>,
     },
-    /// The decision is recorded; drive these branches.
-    Decided { branches: Vec<BranchRow> },
+    /// The decision is recorded: the transaction as it is now, and the branches to drive.
+    Decided {
+        global: GlobalRow,
+        branches: Vec<BranchRow>,
+    },
     /// The change applied.
     Applied,
     /// The fencing token or expected status no longer matched: someone else owns it now.

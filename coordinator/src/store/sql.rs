@@ -329,8 +329,11 @@ pub(super) async fn apply<C: Conn>(conn: &mut C, write: &Write) -> Result<Writte
                 _ => conn.execute(DECIDE_ROLLBACK, &claim[..5]).await?,
             };
             if n == 1 {
+                let global = read_global(conn, xid)
+                    .await?
+                    .ok_or_else(|| Error::Corrupt(format!("{xid} vanished while deciding")))?;
                 let branches = read_branches(conn, xid).await?;
-                return Ok(Written::Decided { branches });
+                return Ok(Written::Decided { global, branches });
             }
             existing_unless_inserted(conn, xid, 0).await
         }
