@@ -184,6 +184,18 @@ impl Coordinator for CoordinatorService {
                 limits::MAX_CALL_TIMEOUT,
             )
             .map_err(Error::from)?;
+            let begin_timeout = match req.begin_timeout_ms {
+                0 => None,
+                ms => Some(
+                    limits::timeout(
+                        "begin_timeout_ms",
+                        ms,
+                        limits::DEFAULT_TX_TIMEOUT,
+                        limits::MAX_TX_TIMEOUT,
+                    )
+                    .map_err(Error::from)?,
+                ),
+            };
             let branch = NewBranch {
                 branch_id: req.branch_id,
                 target: req.target,
@@ -191,6 +203,7 @@ impl Coordinator for CoordinatorService {
                 payload: req.payload,
                 headers: req.headers,
                 call_timeout,
+                begin_timeout,
             };
             self.engine.register_branch(req.xid, branch).await?;
             Ok(Response::new(wire::RegisterBranchResponse {}))
@@ -239,11 +252,25 @@ impl Coordinator for CoordinatorService {
     ) -> Result<Response<wire::SubmitSagaResponse>, Status> {
         let req = request.into_inner();
         traced!("submit_saga", req.xid, {
+            let wait = match req.wait_timeout_ms {
+                0 => None,
+                ms => Some(
+                    limits::timeout("wait_timeout_ms", ms, limits::MAX_WAIT, limits::MAX_WAIT)
+                        .map_err(Error::from)?,
+                ),
+            };
             let row = self.engine.submit_saga(req).await?;
+            let transaction = match wait {
+                Some(wait) => Some(wire_transaction(self.engine.wait(&row.xid, wait).await?)),
+                None => None,
+            };
             Ok(Response::new(wire::SubmitSagaResponse {
+                status: transaction
+                    .as_ref()
+                    .map_or(wire_status(row.status) as i32, |t| t.status),
                 xid: row.xid,
-                status: wire_status(row.status) as i32,
                 deadline_unix_ms: row.deadline_ms,
+                transaction,
             }))
         })
     }

@@ -37,7 +37,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -185,21 +185,21 @@ impl Coordinator {
         Ok(client)
     }
 
-    /// Begins a TCC transaction.
+    /// Starts a TCC transaction. Nothing is sent yet: the coordinator begins it durably
+    /// together with its first branch (one round trip less), or at commit/rollback if it has no
+    /// branch. Its deadline counts from then.
     pub async fn begin(&self, options: TccOptions) -> Result<TccTransaction, Error> {
-        let request = wire::BeginRequest {
-            xid: options
-                .xid
-                .clone()
-                .unwrap_or_else(|| uuid::Uuid::new_v4().to_string()),
-            timeout_ms: options.timeout.as_millis() as u64,
-        };
-        let begun = rpc!(self.client, begin, request).await?;
+        let xid = options
+            .xid
+            .clone()
+            .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+        dtx_proto::limits::check_xid(&xid)?;
         Ok(TccTransaction {
-            xid: begun.xid,
+            xid,
             options,
             coordinator: self.clone(),
             branches: Arc::new(AtomicU32::new(0)),
+            begun: Arc::new(AtomicBool::new(false)),
         })
     }
 
@@ -271,6 +271,8 @@ pub struct TccTransaction {
     options: TccOptions,
     coordinator: Coordinator,
     branches: Arc<AtomicU32>,
+    /// The coordinator is known to have the transaction.
+    begun: Arc<AtomicBool>,
 }
 
 impl TccTransaction {
@@ -295,8 +297,14 @@ impl TccTransaction {
             payload: branch.payload.clone(),
             headers: branch.headers.clone(),
             call_timeout_ms: self.options.call_timeout.as_millis() as u64,
+            begin_timeout_ms: if self.begun.load(Ordering::Acquire) {
+                0
+            } else {
+                self.options.timeout.as_millis().max(1) as u64
+            },
         };
         rpc!(self.coordinator.client, register_branch, register).await?;
+        self.begun.store(true, Ordering::Release);
         let request = wire::BranchRequest {
             xid: self.xid.clone(),
             branch_id: branch_id.clone(),
@@ -375,6 +383,16 @@ impl TccTransaction {
     }
 
     async fn decide(&self, commit: bool) -> Result<TxStatus, Error> {
+        if !self.begun.load(Ordering::Acquire) {
+            // No branch was registered (or a registration's outcome is unknown): make sure
+            // the transaction exists, so the decision is recorded and any branch is settled.
+            let begin = wire::BeginRequest {
+                xid: self.xid.clone(),
+                timeout_ms: self.options.timeout.as_millis().max(1) as u64,
+            };
+            rpc!(self.coordinator.client, begin, begin).await?;
+            self.begun.store(true, Ordering::Release);
+        }
         let request = wire::DecideRequest {
             xid: self.xid.clone(),
             wait: self.options.wait_phase_two.is_some(),
@@ -512,17 +530,41 @@ impl SagaBuilder {
 
     /// Submits the saga. Invalid definitions (cycles, unknown dependencies, duplicate names,
     /// limits) are rejected with `INVALID_ARGUMENT` and nothing is stored.
-    pub async fn submit(mut self) -> Result<SagaHandle, Error> {
+    pub async fn submit(self) -> Result<SagaHandle, Error> {
+        Ok(self.send(Duration::ZERO).await?.0)
+    }
+
+    /// Submits the saga and waits for its outcome, in one round trip when it settles within
+    /// `timeout` ([`Error::NotSettled`] if it does not).
+    pub async fn run(self, timeout: Duration) -> Result<SagaOutcome, Error> {
+        let started = tokio::time::Instant::now();
+        let (handle, transaction) = self.send(timeout).await?;
+        match transaction {
+            Some(tx) if tx.status().is_settled() => Ok(SagaOutcome(tx)),
+            _ => {
+                handle
+                    .await_outcome(timeout.saturating_sub(started.elapsed()))
+                    .await
+            }
+        }
+    }
+
+    async fn send(
+        mut self,
+        wait: Duration,
+    ) -> Result<(SagaHandle, Option<wire::Transaction>), Error> {
         if self.request.xid.is_empty() {
             self.request.xid = uuid::Uuid::new_v4().to_string();
         }
+        self.request.wait_timeout_ms = wait.as_millis() as u64;
         let client = &self.coordinator.client;
         let request = self.request;
         let submitted = rpc!(client, submit_saga, request).await?;
-        Ok(SagaHandle {
+        let handle = SagaHandle {
             xid: submitted.xid,
             coordinator: self.coordinator,
-        })
+        };
+        Ok((handle, submitted.transaction))
     }
 }
 

@@ -280,6 +280,15 @@ async fn malformed_and_conflicting_input_is_rejected_without_writing<DB: TestBac
         "saga",
         register_branch(branch("saga", "b9", &bank))
     );
+    case!(
+        "register: begin timeout too long",
+        InvalidArgument,
+        "begin_timeout_ms",
+        register_branch(RegisterBranchRequest {
+            begin_timeout_ms: u64::MAX,
+            ..branch("new-xid", "b1", &bank)
+        })
+    );
     // Commit / Rollback
     case!(
         "commit: unknown xid",

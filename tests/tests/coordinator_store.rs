@@ -46,6 +46,7 @@ fn register(xid: &str, id: &str, max: i64) -> Write {
         xid: xid.into(),
         branch: branch(id),
         max_branches: max,
+        begin: None,
     }
 }
 
@@ -82,7 +83,7 @@ async fn stale_workers_cannot_move_a_transaction<DB: TestBackend>(db: &'static T
     );
     assert_eq!(
         s.write(register("x1", "b1", 64)).await.unwrap(),
-        Written::Registered
+        Written::Registered { begun: false }
     );
     let Written::Decided { branches, .. } =
         s.write(decide("x1", Decision::Commit, 42)).await.unwrap()
@@ -163,7 +164,7 @@ async fn branches_are_registered_only_while_trying<DB: TestBackend>(db: &'static
     s.write(begin("x1", 60_000)).await.unwrap();
     assert_eq!(
         s.write(register("x1", "b1", 2)).await.unwrap(),
-        Written::Registered
+        Written::Registered { begun: false }
     );
     // A repeat reports the existing branch and does not count twice.
     let Written::NotRegistered {
@@ -183,7 +184,7 @@ async fn branches_are_registered_only_while_trying<DB: TestBackend>(db: &'static
     );
     assert_eq!(
         s.write(register("x1", "b2", 2)).await.unwrap(),
-        Written::Registered
+        Written::Registered { begun: false }
     );
     // Over the limit.
     let Written::NotRegistered {
@@ -230,6 +231,56 @@ async fn branches_are_registered_only_while_trying<DB: TestBackend>(db: &'static
 }
 test_on_all_databases!(
     branches_are_registered_only_while_trying,
+    &[Schema::Coordinator]
+);
+
+async fn the_first_branch_can_begin_its_transaction<DB: TestBackend>(db: &'static TestDb<DB>) {
+    let s = store(db).await;
+    let lazy = |id: &str| Write::RegisterBranch {
+        xid: "lazy".into(),
+        branch: branch(id),
+        max_branches: 64,
+        begin: Some((60_000, now_ms() + 60_000)),
+    };
+    assert_eq!(
+        s.write(lazy("b1")).await.unwrap(),
+        Written::Registered { begun: true }
+    );
+    // The next branch (and a repeat) find it begun.
+    assert_eq!(
+        s.write(lazy("b2")).await.unwrap(),
+        Written::Registered { begun: false }
+    );
+    assert!(matches!(
+        s.write(lazy("b1")).await.unwrap(),
+        Written::NotRegistered {
+            existing: Some(_),
+            ..
+        }
+    ));
+    let got = s.get("lazy").await.unwrap().unwrap();
+    assert_eq!(
+        (
+            got.global.status,
+            got.global.branch_count,
+            got.branches.len()
+        ),
+        (TxStatus::Trying, 2, 2)
+    );
+    // An explicit Begin with the same timeout is an identical repeat.
+    assert!(matches!(
+        s.write(begin("lazy", 60_000)).await.unwrap(),
+        Written::Exists(_)
+    ));
+    // After the decision the lazy path does not create anything new.
+    s.write(decide("lazy", Decision::Commit, 3)).await.unwrap();
+    assert!(matches!(
+        s.write(lazy("b3")).await.unwrap(),
+        Written::NotRegistered { existing: None, .. }
+    ));
+}
+test_on_all_databases!(
+    the_first_branch_can_begin_its_transaction,
     &[Schema::Coordinator]
 );
 

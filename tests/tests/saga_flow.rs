@@ -43,10 +43,8 @@ where
         .step(step("s2", &w.bank, "bob", 2))
         .step(step("s3", &w.bank, "carol", 3))
         .step(step("s4", &w.bank, "alice", 4))
-        .submit()
-        .await
-        .unwrap()
-        .await_outcome(WAIT)
+        // Submit and wait in one round trip.
+        .run(WAIT)
         .await
         .unwrap();
     assert!(outcome.succeeded(), "{outcome:?}");

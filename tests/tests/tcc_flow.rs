@@ -74,12 +74,14 @@ where
         .client
         .tcc(options("refused"), |tx| async move {
             // A branch registered whose Try never arrives (the initiator "crashed" before it).
+            // It is the first branch, so it begins the transaction too.
             raw.register_branch(RegisterBranchRequest {
                 xid: tx.xid().to_string(),
                 branch_id: "never-tried".into(),
                 target: bank.clone(),
                 handler: "transfer".into(),
                 payload: payload("carol", 5),
+                begin_timeout_ms: 60_000,
                 ..Default::default()
             })
             .await

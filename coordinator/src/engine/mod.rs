@@ -139,6 +139,8 @@ pub struct NewBranch {
     pub payload: Vec<u8>,
     pub headers: std::collections::BTreeMap<String, String>,
     pub call_timeout: Duration,
+    /// Begin the transaction with this timeout if it does not exist yet (saves a round trip).
+    pub begin_timeout: Option<Duration>,
 }
 
 impl Engine {
@@ -251,6 +253,10 @@ impl Engine {
     /// Registers a branch before its Try is invoked.
     pub async fn register_branch(&self, xid: String, branch: NewBranch) -> Result<()> {
         limits::check_xid(&xid)?;
+        let begin = branch.begin_timeout.map(|t| {
+            let timeout_ms = t.as_millis() as i64;
+            (timeout_ms, now_ms() + timeout_ms)
+        });
         limits::check_branch_id("branch_id", &branch.branch_id)?;
         limits::check_target("target", &branch.target)?;
         limits::check_handler("handler", &branch.handler)?;
@@ -274,10 +280,16 @@ impl Engine {
                 xid: xid.clone(),
                 branch: row.clone(),
                 max_branches: limits::MAX_BRANCHES as i64,
+                begin,
             })
             .await?;
         match written {
-            Written::Registered => Ok(()),
+            Written::Registered { begun } => {
+                if begun {
+                    self.inner.metrics.started(Kind::Tcc);
+                }
+                Ok(())
+            }
             Written::Missing => Err(Error::UnknownXid(xid)),
             Written::NotRegistered {
                 existing: Some(b), ..
@@ -404,6 +416,8 @@ impl Engine {
     /// Validates and stores a saga in one write, then runs it. An identical repeat returns the
     /// existing saga.
     pub async fn submit_saga(&self, mut request: SubmitSagaRequest) -> Result<GlobalRow> {
+        // How long the caller waits is not part of the definition.
+        request.wait_timeout_ms = 0;
         if request.xid.is_empty() {
             request.xid = uuid::Uuid::new_v4().to_string();
         }

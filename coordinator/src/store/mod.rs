@@ -30,11 +30,13 @@ pub enum Write {
         timeout_ms: i64,
         deadline_ms: i64,
     },
-    /// Adds a branch to a TRYING transaction before its deadline, within the branch limit.
+    /// Adds a branch to a TRYING transaction before its deadline, within the branch limit;
+    /// with `begin` (timeout, deadline) it first begins the transaction if it does not exist.
     RegisterBranch {
         xid: String,
         branch: BranchRow,
         max_branches: i64,
+        begin: Option<(i64, i64)>,
     },
     /// TRYING -> COMMITTING/ROLLING_BACK (Commit only before the deadline), claiming the
     /// transaction for `owner` with a fresh fencing token; answers with the branches to drive.
@@ -84,8 +86,8 @@ pub enum Written {
     Exists(GlobalRow),
     /// No transaction has this xid.
     Missing,
-    /// The branch was added.
-    Registered,
+    /// The branch was added (`begun`: and the transaction created for it).
+    Registered { begun: bool },
     /// The branch was not added: the transaction's current row and the branch if it exists.
     NotRegistered {
         global: GlobalRow,

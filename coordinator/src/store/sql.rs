@@ -235,25 +235,7 @@ pub(super) async fn apply<C: Conn>(conn: &mut C, write: &Write) -> Result<Writte
             timeout_ms,
             deadline_ms,
         } => {
-            let inserted = conn
-                .execute(
-                    INSERT_GLOBAL.pick(C::DIALECT),
-                    args![
-                        xid.as_str(),
-                        Kind::Tcc.as_str(),
-                        TxStatus::Trying.as_str(),
-                        None::<&str>,
-                        *timeout_ms,
-                        *deadline_ms,
-                        None::<&[u8]>,
-                        None::<&str>,
-                        0i64,
-                        *deadline_ms,
-                        now,
-                        now
-                    ],
-                )
-                .await?;
+            let inserted = begin_tcc(conn, xid, *timeout_ms, *deadline_ms, now).await?;
             existing_unless_inserted(conn, xid, inserted).await
         }
         Write::SubmitSaga { global: g } => {
@@ -282,10 +264,18 @@ pub(super) async fn apply<C: Conn>(conn: &mut C, write: &Write) -> Result<Writte
             xid,
             branch: b,
             max_branches,
+            begin,
         } => {
-            let counted = conn
-                .execute(COUNT_BRANCH, args![xid.as_str(), now, *max_branches])
-                .await?;
+            let count = args![xid.as_str(), now, *max_branches];
+            let mut counted = conn.execute(COUNT_BRANCH, count).await?;
+            let mut begun = false;
+            if counted == 0
+                && let Some((timeout_ms, deadline_ms)) = *begin
+                && begin_tcc(conn, xid, timeout_ms, deadline_ms, now).await? == 1
+            {
+                begun = true;
+                counted = conn.execute(COUNT_BRANCH, count).await?;
+            }
             if counted == 1 {
                 let headers = encode_headers(&b.headers);
                 let inserted = conn
@@ -305,7 +295,7 @@ pub(super) async fn apply<C: Conn>(conn: &mut C, write: &Write) -> Result<Writte
                     )
                     .await?;
                 if inserted == 1 {
-                    return Ok(Written::Registered);
+                    return Ok(Written::Registered { begun });
                 }
                 conn.execute(UNCOUNT_BRANCH, args![xid.as_str()]).await?;
             }
@@ -339,6 +329,35 @@ pub(super) async fn apply<C: Conn>(conn: &mut C, write: &Write) -> Result<Writte
         }
         Write::Progress(p) => progress(conn, p, now).await,
     }
+}
+
+/// Inserts a TRYING TCC transaction unless the xid exists; 1 if it did.
+async fn begin_tcc<C: Conn>(
+    conn: &mut C,
+    xid: &str,
+    timeout_ms: i64,
+    deadline_ms: i64,
+    now: i64,
+) -> Result<u64> {
+    Ok(conn
+        .execute(
+            INSERT_GLOBAL.pick(C::DIALECT),
+            args![
+                xid,
+                Kind::Tcc.as_str(),
+                TxStatus::Trying.as_str(),
+                None::<&str>,
+                timeout_ms,
+                deadline_ms,
+                None::<&[u8]>,
+                None::<&str>,
+                0i64,
+                deadline_ms,
+                now,
+                now
+            ],
+        )
+        .await?)
 }
 
 async fn existing_unless_inserted<C: Conn>(
