@@ -512,6 +512,17 @@ async fn malformed_and_conflicting_input_is_rejected_without_writing<DB: TestBac
         ),
     ];
 
+    // Outcomes are announced before the final row is written: let those writes land.
+    for _ in 0..100 {
+        if db
+            .rows("SELECT xid FROM dtx_global WHERE owner IS NOT NULL")
+            .await
+            .is_empty()
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let before = snapshot(db).await;
     let mut checked = 0;
     for (name, call, code, needle) in cases {

@@ -405,6 +405,11 @@ async fn turn_to_compensation_durably(
 }
 
 /// Writes the final (or parked) status; the transaction no longer belongs to anyone.
+///
+/// Once every Confirm/Cancel/compensation of a decided transaction was delivered, its outcome
+/// is certain - recovery after a crash could only deliver them again - so waiters learn it
+/// before the final row is written. A saga's success is announced only once durable: until
+/// then a recovery past the deadline would compensate it instead.
 async fn settle(
     inner: &Inner,
     job: &Job,
@@ -412,17 +417,26 @@ async fn settle(
     to: TxStatus,
     reason: Option<String>,
 ) -> Ended {
+    let announce = |active: &Active| {
+        active.view.send_modify(|v| {
+            v.status = to;
+            if reason.is_some() {
+                v.last_error = reason.clone();
+            }
+        })
+    };
+    let certain = job.phase != Phase::Forward && to.is_terminal();
+    if certain {
+        announce(active);
+    }
     let progress = inner.progress(job, to, None, None, reason.clone());
     if !inner.write_fenced(progress).await {
         return Ended::Lost;
     }
     inner.metrics.finished(to);
-    active.view.send_modify(|v| {
-        v.status = to;
-        if reason.is_some() {
-            v.last_error = reason;
-        }
-    });
+    if !certain {
+        announce(active);
+    }
     Ended::Settled(to)
 }
 
