@@ -4,12 +4,22 @@ use std::future::Future;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
+use tonic::transport::server::TcpIncoming;
 
 use crate::config::Config;
 use crate::engine::Engine;
 use crate::error::Result;
 use crate::grpc::CoordinatorService;
+
+/// Calls in flight on one client connection. An SDK client multiplexes all its calls - long
+/// polls of Wait and Commit-and-wait included - over one connection, so hyper's default of 200
+/// would queue a busy client's calls (and a burst above it on a fresh connection is refused).
+const MAX_STREAMS_PER_CONNECTION: u32 = 16_384;
+
+/// h2 closes a connection (ENHANCE_YOUR_CALM) when small unread DATA frames exceed half the
+/// connection window; a burst of thousands of small requests is that, so the window (flow
+/// control only: nothing is allocated for it) is sized for every stream's first frame.
+const CONNECTION_WINDOW: u32 = 16 << 20;
 
 /// Serves on `listener` until `shutdown` completes, then stops accepting calls and lets the
 /// drivers hand their transactions back to the store (so another instance, or the next start,
@@ -52,10 +62,12 @@ pub async fn run(
         stopping.shutdown(grace).await;
     };
     tonic::transport::Server::builder()
+        .max_concurrent_streams(Some(MAX_STREAMS_PER_CONNECTION))
+        .initial_connection_window_size(Some(CONNECTION_WINDOW))
         .add_service(health_service)
         .add_service(reflection)
         .add_service(CoordinatorService::new(engine.clone()))
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), stop)
+        .serve_with_incoming_shutdown(TcpIncoming::from(listener).with_nodelay(Some(true)), stop)
         .await
         .map_err(|e| crate::Error::Corrupt(format!("grpc server: {e}")))?;
     Ok(())

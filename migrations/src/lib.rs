@@ -448,7 +448,12 @@ backend!(
     sqlx::MySqlConnection,
     ("mysql/coordinator", "mysql/barrier", "mysql/idempotency"),
     // READ COMMITTED: no gap locks taken by the duplicate-key checks of concurrent inserts.
-    begin: |pool| pool.begin_with("SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION"),
+    // ROLLBACK first: a begin cancelled after the server started the transaction but before
+    // sqlx recorded it returns the connection to the pool inside a transaction nobody owns,
+    // and every later begin on it would fail (error 1568). Nothing ran in such a transaction.
+    begin: |pool| pool.begin_with(
+        "ROLLBACK; SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION"
+    ),
     options: sqlx::mysql::MySqlConnectOptions => |o| o
 );
 
@@ -475,6 +480,23 @@ fn pool_options<DB: sqlx::Database>(max_connections: u32) -> PoolOptions<DB> {
     PoolOptions::new()
         .max_connections(max_connections.max(1))
         .acquire_timeout(Duration::from_secs(10))
+}
+
+/// Replaces the database name (the URL path) of `url`.
+pub fn with_database(url: &str, name: &str) -> String {
+    let (base, query) = url
+        .split_once('?')
+        .map_or((url, None), |(b, q)| (b, Some(q)));
+    let scheme_end = base.find("://").map_or(0, |i| i + 3);
+    let path_start = base[scheme_end..]
+        .find('/')
+        .map_or(base.len(), |i| scheme_end + i);
+    let mut out = format!("{}/{}", &base[..path_start], name);
+    if let Some(q) = query {
+        out.push('?');
+        out.push_str(q);
+    }
+    out
 }
 
 /// Which database a URL names, by scheme.
@@ -569,5 +591,18 @@ mod tests {
             sql.pick(Dialect::Postgres),
             "INSERT INTO t (a) VALUES (?) ON CONFLICT DO NOTHING"
         );
+    }
+
+    #[test]
+    fn database_names_are_swapped_in_urls() {
+        assert_eq!(
+            with_database("postgres://postgres@127.0.0.1:5432/test", "x"),
+            "postgres://postgres@127.0.0.1:5432/x"
+        );
+        assert_eq!(
+            with_database("mysql://root@h:3306/test?ssl-mode=disabled", "y"),
+            "mysql://root@h:3306/y?ssl-mode=disabled"
+        );
+        assert_eq!(with_database("postgres://h", "z"), "postgres://h/z");
     }
 }

@@ -20,7 +20,7 @@ use dtx_sdk::client::{Coordinator, SagaStep};
 use dtx_sdk::server::ParticipantServer;
 use dtx_sdk::sql::sqlx::{self, Row, SqlitePool};
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
+use tonic::transport::server::TcpIncoming;
 
 /// A service's database: `table` with one row `key = value`, plus the barrier.
 async fn database(
@@ -55,7 +55,7 @@ async fn serve(
     tokio::spawn(
         tonic::transport::Server::builder()
             .add_service(server.into_service())
-            .serve_with_incoming(TcpListenerStream::new(listener)),
+            .serve_with_incoming(TcpIncoming::from(listener).with_nodelay(Some(true))),
     );
     Ok(url)
 }

@@ -21,7 +21,7 @@ use dtx_sdk::server::{BranchCall, ParticipantServer};
 use dtx_sdk::sql::sqlx::{self, Row, SqlitePool};
 use dtx_sdk::{Backend, Error};
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
+use tonic::transport::server::TcpIncoming;
 
 /// Payload of both branches: the account and the amount, as "account:amount".
 fn parse(call: &BranchCall) -> Result<(String, i64), Box<dyn std::error::Error + Send + Sync>> {
@@ -125,7 +125,7 @@ async fn start_bank(
     tokio::spawn(
         tonic::transport::Server::builder()
             .add_service(service)
-            .serve_with_incoming(TcpListenerStream::new(listener)),
+            .serve_with_incoming(TcpIncoming::from(listener).with_nodelay(Some(true))),
     );
     Ok((url, pool))
 }

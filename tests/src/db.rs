@@ -51,23 +51,6 @@ fn unique_name() -> String {
     )
 }
 
-/// Replaces the database name (the URL path) of `url`.
-fn with_database(url: &str, name: &str) -> String {
-    let (base, query) = url
-        .split_once('?')
-        .map_or((url, None), |(b, q)| (b, Some(q)));
-    let scheme_end = base.find("://").map_or(0, |i| i + 3);
-    let path_start = base[scheme_end..]
-        .find('/')
-        .map_or(base.len(), |i| scheme_end + i);
-    let mut out = format!("{}/{}", &base[..path_start], name);
-    if let Some(q) = query {
-        out.push('?');
-        out.push_str(q);
-    }
-    out
-}
-
 /// What the tests need of each backend beyond [`Backend`].
 pub trait TestBackend: Backend {
     const DIALECT: Dialect;
@@ -122,7 +105,7 @@ impl<DB: TestBackend> TestDb<DB> {
                     .await
                     .expect("create test database");
                 admin_pool.close().await;
-                (with_database(&admin, &name), Some(admin), None)
+                (dtx_sql::with_database(&admin, &name), Some(admin), None)
             }
         };
         let pool = DB::connect(&url, 16)
@@ -204,22 +187,4 @@ macro_rules! test_on_all_databases {
             }
         }
     };
-}
-
-#[cfg(test)]
-mod tests {
-    use super::with_database;
-
-    #[test]
-    fn database_names_are_swapped_in_urls() {
-        assert_eq!(
-            with_database("postgres://postgres@127.0.0.1:5432/test", "x"),
-            "postgres://postgres@127.0.0.1:5432/x"
-        );
-        assert_eq!(
-            with_database("mysql://root@h:3306/test?ssl-mode=disabled", "y"),
-            "mysql://root@h:3306/y?ssl-mode=disabled"
-        );
-        assert_eq!(with_database("postgres://h", "z"), "postgres://h/z");
-    }
 }

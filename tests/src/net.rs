@@ -4,8 +4,8 @@ use std::net::SocketAddr;
 
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
-use tokio_stream::wrappers::TcpListenerStream;
 use tonic::transport::server::Router;
+use tonic::transport::server::TcpIncoming;
 
 /// A server running in the background; stops when dropped.
 pub struct RunningServer {
@@ -46,9 +46,12 @@ pub async fn serve(router: Router) -> RunningServer {
     let (stop, stopped) = oneshot::channel::<()>();
     let task = tokio::spawn(async move {
         router
-            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
-                stopped.await.ok();
-            })
+            .serve_with_incoming_shutdown(
+                TcpIncoming::from(listener).with_nodelay(Some(true)),
+                async {
+                    stopped.await.ok();
+                },
+            )
             .await
             .expect("grpc server");
     });

@@ -1,0 +1,150 @@
+//! The coordinator under test, as a separate process (`dtx-bench coordinator <flags>` runs the
+//! real server code with the coordinator's own flags), so its resident memory is its own and
+//! can be read from `/proc`.
+
+use std::net::SocketAddr;
+use std::process::Stdio;
+use std::time::Duration;
+
+use dtx_sdk::client::Coordinator;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::process::{Child, Command};
+
+use crate::Error;
+
+/// A running coordinator process; killed if dropped without [`CoordinatorProcess::stop`].
+pub struct CoordinatorProcess {
+    pub url: String,
+    metrics: SocketAddr,
+    child: Child,
+}
+
+/// The store's own counters, scraped from the coordinator's metrics endpoint.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StoreCounters {
+    pub commits: u64,
+    pub writes: u64,
+}
+
+async fn free_addr() -> Result<SocketAddr, Error> {
+    Ok(TcpListener::bind("127.0.0.1:0").await?.local_addr()?)
+}
+
+impl CoordinatorProcess {
+    /// Starts this executable's `coordinator` mode on `store` with default settings.
+    pub async fn start(store: &str) -> Result<Self, Error> {
+        let (listen, metrics) = (free_addr().await?, free_addr().await?);
+        let child = Command::new(std::env::current_exe()?)
+            .args(["coordinator", "--store", store])
+            .args(["--listen", &listen.to_string()])
+            .args(["--metrics-listen", &metrics.to_string()])
+            .env(
+                "RUST_LOG",
+                std::env::var("DTX_BENCH_COORDINATOR_LOG").unwrap_or_else(|_| "warn".into()),
+            )
+            .stdout(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()?;
+        let process = CoordinatorProcess {
+            url: format!("http://{listen}"),
+            metrics,
+            child,
+        };
+        process.wait_until_serving().await?;
+        Ok(process)
+    }
+
+    async fn wait_until_serving(&self) -> Result<(), Error> {
+        for _ in 0..200 {
+            if let Ok(client) = Coordinator::connect(&self.url).await {
+                // Serving once an RPC gets an answer (NOT_FOUND is one).
+                if client
+                    .get("probe")
+                    .await
+                    .is_err_and(|e| !matches!(e, dtx_sdk::Error::Transport(_)))
+                {
+                    return Ok(());
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Err(Error::Setup(format!(
+            "coordinator at {} did not start",
+            self.url
+        )))
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id().unwrap_or(0)
+    }
+
+    /// Store commits and writes so far.
+    pub async fn counters(&self) -> Result<StoreCounters, Error> {
+        let mut socket = TcpStream::connect(self.metrics).await?;
+        socket
+            .write_all(b"GET /metrics HTTP/1.1\r\nhost: bench\r\nconnection: close\r\n\r\n")
+            .await?;
+        let mut text = String::new();
+        socket.read_to_string(&mut text).await?;
+        let value = |name: &str| {
+            text.lines()
+                .find_map(|line| line.strip_prefix(name)?.trim().parse().ok())
+                .ok_or_else(|| Error::Setup(format!("metric {name} missing")))
+        };
+        Ok(StoreCounters {
+            commits: value("dtx_store_commits_total ")?,
+            writes: value("dtx_store_writes_total ")?,
+        })
+    }
+
+    /// Peak resident memory since start or the last [`reset_peak`](Self::reset_peak), in KiB.
+    pub fn peak_rss_kib(&self) -> Result<u64, Error> {
+        proc_status_kib(self.pid(), "VmHWM:")
+    }
+
+    pub fn rss_kib(&self) -> Result<u64, Error> {
+        proc_status_kib(self.pid(), "VmRSS:")
+    }
+
+    /// Resets the peak to the current resident size (Linux `clear_refs` 5), so a later peak
+    /// belongs to what ran in between.
+    pub fn reset_peak(&self) -> Result<(), Error> {
+        std::fs::write(format!("/proc/{}/clear_refs", self.pid()), "5")?;
+        Ok(())
+    }
+
+    /// SIGTERM and wait (graceful: drivers hand their work back to the store).
+    pub async fn stop(mut self) -> Result<(), Error> {
+        let pid = self.pid().to_string();
+        std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()?;
+        match tokio::time::timeout(Duration::from_secs(15), self.child.wait()).await {
+            Ok(status) => {
+                status?;
+            }
+            Err(_) => self.child.start_kill()?,
+        }
+        Ok(())
+    }
+}
+
+fn proc_status_kib(pid: u32, field: &str) -> Result<u64, Error> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix(field))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+        .ok_or_else(|| Error::Setup(format!("{field} missing from /proc/{pid}/status")))
+}
+
+/// What `dtx-bench coordinator <flags>` runs: the coordinator binary's own `main`.
+pub fn serve(args: impl Iterator<Item = String>) -> Result<(), Error> {
+    use clap::Parser;
+    let config = dtx_coordinator::config::Config::parse_from(args);
+    dtx_coordinator::server::init_logging();
+    tokio::runtime::Runtime::new()?
+        .block_on(dtx_coordinator::server::run_until_signal(config))
+        .map_err(|e| Error::Setup(format!("coordinator: {e}")))
+}

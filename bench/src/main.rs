@@ -1,0 +1,312 @@
+//! `dtx-bench`: completed global transactions per second, latency, store commits per
+//! transaction and coordinator memory, each workload measured against the raw single-insert
+//! commit rate of the same database in the same run. See BENCHMARKS.md.
+//!
+//! The coordinator runs as a child process (this executable in `coordinator` mode, the real
+//! server code); the participants and the closed-loop clients run in this process.
+
+mod coordinator;
+mod cpu;
+mod database;
+mod load;
+mod memory;
+mod participants;
+mod report;
+mod stats;
+mod workload;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use clap::Parser;
+use dtx_sdk::client::Coordinator;
+use dtx_sdk::sql::sqlx;
+
+use crate::coordinator::CoordinatorProcess;
+use crate::database::{BenchDatabase, RawInserts, Store};
+use crate::load::Measured;
+use crate::report::{Report, Row, StoreReport};
+use crate::workload::{Targets, Workload};
+
+/// Everything that can stop a bench run.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{0}")]
+    Setup(String),
+    #[error("i/o: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("database: {0}")]
+    Sql(#[from] sqlx::Error),
+    #[error("{0}")]
+    Sdk(#[from] dtx_sdk::Error),
+    #[error("json: {0}")]
+    Json(#[from] serde_json::Error),
+}
+
+/// Measures the dtx coordinator against the raw commit rate of its database.
+#[derive(Debug, Parser)]
+#[command(name = "dtx-bench")]
+struct Args {
+    /// Stores to measure.
+    #[arg(long, value_enum, value_delimiter = ',', default_values = ["sqlite", "postgres", "mysql"])]
+    stores: Vec<Store>,
+    /// Closed-loop client counts to sweep.
+    #[arg(long, value_delimiter = ',', default_values = ["1", "8", "32", "128"])]
+    clients: Vec<usize>,
+    /// Workloads to run (default: all).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    workloads: Vec<Workload>,
+    /// Measured seconds per workload and client count.
+    #[arg(long, default_value_t = 10.0)]
+    seconds: f64,
+    /// Unmeasured warm-up seconds before each measurement.
+    #[arg(long, default_value_t = 1.0)]
+    warmup: f64,
+    /// Transactions held in flight for the memory figure (0 skips it).
+    #[arg(long, default_value_t = 10_000)]
+    memory_tx: usize,
+    /// An existing PostgreSQL database to connect through; the bench creates `dtx_bench`.
+    #[arg(
+        long,
+        env = "DTX_BENCH_POSTGRES_URL",
+        default_value = "postgres://postgres@127.0.0.1:5432/test"
+    )]
+    postgres_url: String,
+    /// An existing MySQL/MariaDB database to connect through; the bench creates `dtx_bench`.
+    #[arg(
+        long,
+        env = "DTX_BENCH_MYSQL_URL",
+        default_value = "mysql://root@127.0.0.1:3306/test"
+    )]
+    mysql_url: String,
+    /// Where the JSON results go.
+    #[arg(long, default_value = "target/dtx-bench/results.json")]
+    out: PathBuf,
+    /// A few seconds per store to check the bench works (2 clients, 1 s per workload, 200
+    /// transactions in flight); exits non-zero on any error.
+    #[arg(long)]
+    smoke: bool,
+}
+
+/// Connections of the participants' and the baseline's pools: PostgreSQL allows 100 by
+/// default, and the coordinator holds 16.
+const MAX_POOL: usize = 32;
+
+fn main() -> Result<(), Error> {
+    // `dtx-bench coordinator <coordinator flags>`: the coordinator under test.
+    let mut argv: Vec<String> = std::env::args().collect();
+    if argv.get(1).map(String::as_str) == Some("coordinator") {
+        argv.remove(1);
+        return coordinator::serve(argv.into_iter());
+    }
+    let mut args = Args::parse();
+    if args.smoke {
+        args.clients = vec![2];
+        args.seconds = 1.0;
+        args.warmup = 0.2;
+        args.memory_tx = args.memory_tx.min(200);
+    }
+    if args.workloads.is_empty() {
+        args.workloads = Workload::ALL.to_vec();
+    }
+    tokio::runtime::Runtime::new()?.block_on(run(args))
+}
+
+async fn run(args: Args) -> Result<(), Error> {
+    let mut report = Report {
+        started_unix: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+        machine: report::Machine::read(),
+        seconds_per_workload: args.seconds,
+        stores: Vec::new(),
+    };
+    println!(
+        "dtx-bench: {} cpus ({}), load {}; {} s per workload after {} s warm-up",
+        report.machine.cpus,
+        report.machine.cpu_model,
+        report.machine.load_average,
+        args.seconds,
+        args.warmup
+    );
+    for &store in &args.stores {
+        let admin = match store {
+            Store::Sqlite => "",
+            Store::Postgres => &args.postgres_url,
+            Store::Mysql => &args.mysql_url,
+        };
+        report.stores.push(bench_store(&args, store, admin).await?);
+        write(&args.out, &report)?;
+    }
+    println!("results: {}", args.out.display());
+    let errors: u64 = report
+        .stores
+        .iter()
+        .flat_map(|s| {
+            let rows = s
+                .rows
+                .iter()
+                .map(|r| r.errors + u64::from(r.completed == 0));
+            rows.chain(s.memory.iter().map(|m| m.errors))
+        })
+        .sum();
+    if args.smoke && errors > 0 {
+        return Err(Error::Setup(format!(
+            "smoke run: {errors} failed transactions or empty workloads"
+        )));
+    }
+    Ok(())
+}
+
+fn write(path: &PathBuf, report: &Report) -> Result<(), Error> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(path, serde_json::to_vec_pretty(report)?)?;
+    Ok(())
+}
+
+async fn bench_store(args: &Args, store: Store, admin: &str) -> Result<StoreReport, Error> {
+    let db = BenchDatabase::create(store, admin).await?;
+    let settings = db.settings().await?;
+    println!(
+        "\n== {store:?}: {}",
+        settings
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    let (noop, gate) = participants::serve_noop().await?;
+    gate.open();
+    let pool = MAX_POOL as u32;
+    let rows = match store {
+        Store::Sqlite => database::serve_rows::<sqlx::Sqlite>(&db.business_url, pool).await?,
+        Store::Postgres => database::serve_rows::<sqlx::Postgres>(&db.business_url, pool).await?,
+        Store::Mysql => database::serve_rows::<sqlx::MySql>(&db.business_url, pool).await?,
+    };
+    let targets = Arc::new(Targets { noop, rows });
+    let (warmup, window) = (
+        Duration::from_secs_f64(args.warmup),
+        Duration::from_secs_f64(args.seconds),
+    );
+
+    let process = CoordinatorProcess::start(&db.store_url).await?;
+    let client = Coordinator::connect(&process.url).await?;
+    println!("{}", report::HEADER);
+    let mut rows = Vec::new();
+    for &clients in &args.clients {
+        let raw = raw_baseline(store, &db.raw_url, clients, warmup, window).await?;
+        let raw_row = row(store, clients, "raw-insert", &raw, raw.per_second());
+        println!("{}", raw_row.line());
+        rows.push(raw_row);
+        for &w in &args.workloads {
+            process.reset_peak()?;
+            let before = process.counters().await?;
+            let cpu_before = cpu::Reading::now(process.pid());
+            let (client, targets) = (client.clone(), targets.clone());
+            let measured = load::closed_loop(clients, warmup, window, move |_, _| {
+                let (client, targets) = (client.clone(), targets.clone());
+                async move { w.run_one(&client, &targets).await }
+            })
+            .await;
+            let cpu_after = cpu::Reading::now(process.pid());
+            let after = process.counters().await?;
+            let mut r = row(store, clients, w.name(), &measured, raw.per_second());
+            let done = measured.total_ok as f64;
+            r.store_commits_per_tx =
+                Some(stats::ratio((after.commits - before.commits) as f64, done));
+            r.store_writes_per_tx = Some(stats::ratio((after.writes - before.writes) as f64, done));
+            r.p99_to_commit_floor = Some(stats::ratio(
+                measured.latency.p99_ms,
+                w.sequential_commits() as f64 * raw.latency.mean_ms,
+            ));
+            r.cpu_per_tx = Some(cpu_before.per_tx(&cpu_after, measured.total_ok));
+            r.coordinator_peak_mib = Some(process.peak_rss_kib()? as f64 / 1024.0);
+            println!("{}", r.line());
+            if let Some(e) = &r.first_error {
+                println!("    first error: {e}");
+            }
+            rows.push(r);
+        }
+    }
+    let commit_to_confirmed = workload::commit_to_confirmed(&client, &targets.noop, 200)
+        .await
+        .map_err(Error::Setup)?;
+    println!(
+        "tcc commit -> both confirms delivered (1 client, 200 tx): p50 {:.2} ms, p99 {:.2} ms",
+        commit_to_confirmed.p50_ms, commit_to_confirmed.p99_ms
+    );
+    process.stop().await?;
+
+    let mut memory = Vec::new();
+    if args.memory_tx > 0 {
+        for kind in ["saga", "tcc"] {
+            // A fresh process: the figure is what in-flight work costs, not what earlier
+            // sweeps left in the allocator.
+            let process = CoordinatorProcess::start(&db.store_url).await?;
+            let client = Coordinator::connect(&process.url).await?;
+            let n = args.memory_tx;
+            let figure = if kind == "saga" {
+                memory::sagas_in_flight(&process, &client, &targets.noop, &gate, n).await?
+            } else {
+                memory::tccs_in_flight(&process, &client, &targets.noop, &gate, n).await?
+            };
+            println!("{}", figure.line(store));
+            memory.push(figure);
+            process.stop().await?;
+        }
+    }
+    Ok(StoreReport {
+        store,
+        settings,
+        rows,
+        commit_to_confirmed,
+        memory,
+    })
+}
+
+fn row(store: Store, clients: usize, workload: &'static str, m: &Measured, raw: f64) -> Row {
+    Row {
+        store,
+        clients,
+        workload,
+        per_second: m.per_second(),
+        ratio_to_raw: stats::ratio(m.per_second(), raw),
+        latency: m.latency,
+        completed: m.completed,
+        errors: m.errors,
+        first_error: m.first_error.clone(),
+        store_commits_per_tx: None,
+        store_writes_per_tx: None,
+        p99_to_commit_floor: None,
+        coordinator_peak_mib: None,
+        cpu_per_tx: None,
+    }
+}
+
+/// The raw single-insert rate at `clients` (pools capped at [`MAX_POOL`] connections).
+async fn raw_baseline(
+    store: Store,
+    url: &str,
+    clients: usize,
+    warmup: Duration,
+    window: Duration,
+) -> Result<Measured, Error> {
+    macro_rules! measure {
+        ($db:ty) => {{
+            let raw = RawInserts::<$db>::open(url, clients.min(MAX_POOL)).await?;
+            load::closed_loop(clients, warmup, window, move |_, _| {
+                let raw = raw.clone();
+                async move { raw.insert_one().await }
+            })
+            .await
+        }};
+    }
+    Ok(match store {
+        Store::Sqlite => measure!(sqlx::Sqlite),
+        Store::Postgres => measure!(sqlx::Postgres),
+        Store::Mysql => measure!(sqlx::MySql),
+    })
+}

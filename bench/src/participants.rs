@@ -1,0 +1,163 @@
+//! The participant services the bench drives, served in the bench process on port 0.
+//!
+//! * [`NoopParticipant`]: answers at once without touching a database - what the coordinator
+//!   costs on its own. Handler `fail` refuses its Try/Action; handler `hold` holds a saga Action or a
+//!   TCC Confirm until the gate opens (the memory test's "participants holding their answers").
+//! * [`rows_participant`]: the real SDK participant server with the barrier, whose handlers
+//!   write two business rows per branch in the same local transaction.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use dtx_proto::v1::participant_server::{Participant, ParticipantServer as WireServer};
+use dtx_proto::v1::{BranchAction, BranchRequest, BranchResponse, Outcome};
+use dtx_sdk::barrier::HandlerError;
+use dtx_sdk::barrier::Reply;
+use dtx_sdk::server::{BranchCall, HandlerFn, ParticipantServer};
+use dtx_sdk::sql::{Arg, Conn};
+use dtx_sdk::{Backend, sql::sqlx::Pool};
+use futures::future::BoxFuture;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tonic::transport::server::TcpIncoming;
+use tonic::{Request, Response, Status};
+
+use crate::Error;
+
+/// Handler names the workloads address.
+pub const NOOP: &str = "noop";
+pub const FAIL: &str = "fail";
+pub const HOLD: &str = "hold";
+pub const ROWS_TCC: &str = "rows-tcc";
+pub const ROWS_SAGA: &str = "rows-saga";
+
+/// Answers every call at once (see the module docs for `fail` and `hold`).
+#[derive(Clone)]
+pub struct NoopParticipant {
+    gate: watch::Receiver<bool>,
+    held: Arc<AtomicU64>,
+}
+
+/// Opens the gate `hold` calls wait at.
+pub struct Gate {
+    open: watch::Sender<bool>,
+    held: Arc<AtomicU64>,
+}
+
+impl Gate {
+    /// Calls waiting at the gate right now.
+    pub fn held(&self) -> u64 {
+        self.held.load(Ordering::Relaxed)
+    }
+
+    pub fn open(&self) {
+        self.open.send_replace(true);
+    }
+
+    pub fn close(&self) {
+        self.open.send_replace(false);
+    }
+}
+
+impl NoopParticipant {
+    pub fn new() -> (Self, Gate) {
+        let (open, gate) = watch::channel(false);
+        let held = Arc::new(AtomicU64::new(0));
+        let gate_handle = Gate {
+            open,
+            held: held.clone(),
+        };
+        (NoopParticipant { gate, held }, gate_handle)
+    }
+}
+
+#[tonic::async_trait]
+impl Participant for NoopParticipant {
+    async fn branch(
+        &self,
+        request: Request<BranchRequest>,
+    ) -> Result<Response<BranchResponse>, Status> {
+        let request = request.into_inner();
+        let first_phase = matches!(request.action(), BranchAction::Try | BranchAction::Action);
+        let holds = matches!(
+            request.action(),
+            BranchAction::Confirm | BranchAction::Action
+        );
+        if request.handler == HOLD && holds {
+            self.held.fetch_add(1, Ordering::Relaxed);
+            let mut gate = self.gate.clone();
+            let _ = gate.wait_for(|open| *open).await;
+            self.held.fetch_sub(1, Ordering::Relaxed);
+        }
+        let outcome = if request.handler == FAIL && first_phase {
+            Outcome::Failure
+        } else {
+            Outcome::Success
+        };
+        Ok(Response::new(BranchResponse {
+            outcome: outcome as i32,
+            ..Default::default()
+        }))
+    }
+}
+
+/// Serves `service` on a fresh loopback port; returns its URL. Concurrent streams are not
+/// capped (the memory test holds 10,000 calls open on one connection).
+pub async fn serve<S: Participant>(service: WireServer<S>) -> Result<String, Error> {
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}", listener.local_addr()?);
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .max_concurrent_streams(Some(1 << 20))
+            // As the coordinator's server: room for a burst of small requests.
+            .initial_connection_window_size(Some(16 << 20))
+            .add_service(service)
+            .serve_with_incoming(TcpIncoming::from(listener).with_nodelay(Some(true))),
+    );
+    Ok(url)
+}
+
+pub async fn serve_noop() -> Result<(String, Gate), Error> {
+    let (participant, gate) = NoopParticipant::new();
+    Ok((serve(WireServer::new(participant)).await?, gate))
+}
+
+/// The business table of [`rows_participant`].
+pub const ROWS_TABLE: &str = "CREATE TABLE IF NOT EXISTS dtx_bench_rows (\
+    xid VARCHAR(128) NOT NULL, branch VARCHAR(64) NOT NULL, n INT NOT NULL, \
+    state VARCHAR(16) NOT NULL, PRIMARY KEY (xid, branch, n))";
+
+/// Try/Action insert two rows; Confirm marks them; Cancel/Compensate deletes them - each in
+/// the barrier's local transaction.
+pub fn rows_participant<DB: Backend>(pool: Pool<DB>) -> ParticipantServer<DB> {
+    const INSERT: &str = "INSERT INTO dtx_bench_rows (xid, branch, n, state) \
+        VALUES (?, ?, 1, 'tried'), (?, ?, 2, 'tried')";
+    const CONFIRM: &str =
+        "UPDATE dtx_bench_rows SET state = 'confirmed' WHERE xid = ? AND branch = ?";
+    const DELETE: &str = "DELETE FROM dtx_bench_rows WHERE xid = ? AND branch = ?";
+    ParticipantServer::new(pool)
+        .tcc(
+            ROWS_TCC,
+            write::<DB::Conn>(INSERT),
+            write::<DB::Conn>(CONFIRM),
+            write::<DB::Conn>(DELETE),
+        )
+        .saga(
+            ROWS_SAGA,
+            write::<DB::Conn>(INSERT),
+            write::<DB::Conn>(DELETE),
+        )
+}
+
+/// A handler running `sql`, whose placeholders are (xid, branch id) pairs.
+fn write<C: Conn>(sql: &'static str) -> impl HandlerFn<C> {
+    let pairs = sql.matches('?').count() / 2;
+    move |conn: &mut C, call: BranchCall| -> BoxFuture<'_, Result<Reply, HandlerError>> {
+        Box::pin(async move {
+            let one = [Arg::from(&call.xid), Arg::from(&call.branch_id)];
+            let args: Vec<Arg> = one.iter().copied().cycle().take(2 * pairs).collect();
+            conn.execute(sql, &args).await?;
+            Ok(Reply::ok())
+        })
+    }
+}

@@ -1,0 +1,172 @@
+//! The global transactions the bench measures, each run to its terminal outcome.
+
+use std::time::Duration;
+
+use dtx_proto::v1::TxStatus;
+use dtx_sdk::client::{Coordinator, SagaStep, TccBranch, TccOptions, TccTransaction};
+
+use crate::participants::{FAIL, NOOP, ROWS_SAGA, ROWS_TCC};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Workload {
+    /// TCC, 2 branches (Try, Try), commit; waits until both Confirms are delivered.
+    TccCommit,
+    /// TCC, 2 branches, rollback; waits until both Cancels are delivered.
+    TccRollback,
+    /// Saga, 2 sequential steps, both succeed.
+    Saga,
+    /// Saga, 2 steps, the second refuses: the first is compensated.
+    SagaCompensate,
+    /// TCC commit where each branch writes 2 business rows through the barrier.
+    TccRows,
+    /// Saga where each step writes 2 business rows through the barrier.
+    SagaRows,
+}
+
+/// Where the participants are.
+#[derive(Debug, Clone)]
+pub struct Targets {
+    pub noop: String,
+    pub rows: String,
+}
+
+const TIMEOUT: Duration = Duration::from_secs(60);
+
+impl Workload {
+    pub const ALL: [Workload; 6] = [
+        Workload::TccCommit,
+        Workload::TccRollback,
+        Workload::Saga,
+        Workload::SagaCompensate,
+        Workload::TccRows,
+        Workload::SagaRows,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Workload::TccCommit => "tcc-commit",
+            Workload::TccRollback => "tcc-rollback",
+            Workload::Saga => "saga",
+            Workload::SagaCompensate => "saga-compensate",
+            Workload::TccRows => "tcc-rows",
+            Workload::SagaRows => "saga-rows",
+        }
+    }
+
+    /// Durable commits a client must wait for one after another (none can overlap another):
+    /// the floor of its latency at one client, in units of one raw commit.
+    /// TCC: the first RegisterBranch (which also begins), the second RegisterBranch, the
+    /// decision; the rows variant adds each Try's local commit and the Confirms' (concurrent:
+    /// one). Saga: the definition; compensation adds the durable turn to compensating; the rows
+    /// variant adds each step's local commit.
+    pub fn sequential_commits(self) -> u32 {
+        match self {
+            Workload::TccCommit | Workload::TccRollback => 3,
+            Workload::TccRows => 6,
+            Workload::Saga => 1,
+            Workload::SagaCompensate => 2,
+            Workload::SagaRows => 3,
+        }
+    }
+
+    /// Runs one global transaction to its terminal outcome; `Err` says what went wrong.
+    pub async fn run_one(self, coordinator: &Coordinator, targets: &Targets) -> Result<(), String> {
+        match self {
+            Workload::TccCommit => tcc(coordinator, &targets.noop, NOOP, true).await,
+            Workload::TccRollback => tcc(coordinator, &targets.noop, NOOP, false).await,
+            Workload::TccRows => tcc(coordinator, &targets.rows, ROWS_TCC, true).await,
+            Workload::Saga => saga(coordinator, &targets.noop, [NOOP, NOOP], true).await,
+            Workload::SagaCompensate => saga(coordinator, &targets.noop, [NOOP, FAIL], false).await,
+            Workload::SagaRows => {
+                saga(coordinator, &targets.rows, [ROWS_SAGA, ROWS_SAGA], true).await
+            }
+        }
+    }
+}
+
+/// The TCC options of every bench transaction: wait for phase two, like a caller that needs
+/// the effects visible before it answers.
+pub fn tcc_options() -> TccOptions {
+    TccOptions {
+        timeout: TIMEOUT,
+        wait_phase_two: Some(TIMEOUT),
+        ..TccOptions::default()
+    }
+}
+
+/// Latency of Commit alone - from the Commit call until every Confirm was delivered - over
+/// `n` sequential two-branch TCC transactions.
+pub async fn commit_to_confirmed(
+    c: &Coordinator,
+    target: &str,
+    n: usize,
+) -> Result<crate::stats::Latency, String> {
+    let mut micros = Vec::with_capacity(n);
+    for _ in 0..n {
+        let tx = c.begin(tcc_options()).await.map_err(|e| e.to_string())?;
+        try_two(&tx, target, NOOP).await?;
+        let started = std::time::Instant::now();
+        decide(&tx, true).await?;
+        micros.push(started.elapsed().as_micros() as u32);
+    }
+    Ok(crate::stats::latency(&mut micros))
+}
+
+/// Two Try calls, then the decision.
+async fn tcc(c: &Coordinator, target: &str, handler: &str, commit: bool) -> Result<(), String> {
+    let tx = c.begin(tcc_options()).await.map_err(|e| e.to_string())?;
+    try_two(&tx, target, handler).await?;
+    decide(&tx, commit).await
+}
+
+pub async fn try_two(tx: &TccTransaction, target: &str, handler: &str) -> Result<(), String> {
+    for _ in 0..2 {
+        tx.call(TccBranch::new(target, handler, b"bench".to_vec()))
+            .await
+            .map_err(|e| format!("try: {e}"))?;
+    }
+    Ok(())
+}
+
+pub async fn decide(tx: &TccTransaction, commit: bool) -> Result<(), String> {
+    let (status, expected) = if commit {
+        (tx.commit().await, TxStatus::Committed)
+    } else {
+        (tx.rollback().await, TxStatus::RolledBack)
+    };
+    match status.map_err(|e| e.to_string())? {
+        s if s == expected => Ok(()),
+        s => Err(format!("{} ended {}", tx.xid(), s.as_str_name())),
+    }
+}
+
+async fn saga(
+    c: &Coordinator,
+    target: &str,
+    handlers: [&str; 2],
+    succeeds: bool,
+) -> Result<(), String> {
+    let outcome = c
+        .saga()
+        .timeout(TIMEOUT)
+        .step(SagaStep::new("s1", target, handlers[0]).payload(b"bench".to_vec()))
+        .step(SagaStep::new("s2", target, handlers[1]).payload(b"bench".to_vec()))
+        .run(TIMEOUT)
+        .await
+        .map_err(|e| e.to_string())?;
+    let expected = if succeeds {
+        TxStatus::Succeeded
+    } else {
+        TxStatus::Compensated
+    };
+    if outcome.status() == expected {
+        Ok(())
+    } else {
+        Err(format!(
+            "{} ended {}",
+            outcome.0.xid,
+            outcome.status().as_str_name()
+        ))
+    }
+}
