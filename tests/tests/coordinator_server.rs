@@ -1,6 +1,7 @@
-//! The coordinator as a service: gRPC health and reflection answer, and SIGTERM shuts a process
+//! The coordinator as a service: gRPC health and reflection answer, SIGTERM shuts a process
 //! down gracefully - in-flight calls finish and its transactions are handed back to the store,
-//! so another process continues them at once instead of after the lease.
+//! so another process continues them at once instead of after the lease - and a burst of
+//! thousands of calls on one client connection is served.
 
 use std::time::{Duration, Instant};
 
@@ -137,4 +138,44 @@ async fn sigterm_hands_transactions_over_at_once() {
         second.kill().await;
     })
     .await;
+}
+
+/// One client connection carries every call of an SDK client. A burst of thousands of small
+/// calls on it must be served, not refused at hyper's default of 200 streams nor answered by
+/// h2 closing the connection for too many small unread DATA frames (ENHANCE_YOUR_CALM).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_calls_on_one_connection_is_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite://{}", dir.path().join("c.db").display());
+    let coordinator = InProcess::start(&store, &[]).await;
+    let client = coordinator.client().await;
+    const BURST: usize = 10_000;
+    let calls: Vec<_> = (0..BURST)
+        .map(|i| {
+            let client = client.clone();
+            tokio::spawn(async move {
+                let tx = client
+                    .begin(dtx_sdk::client::TccOptions {
+                        xid: Some(format!("burst-{i}")),
+                        ..Default::default()
+                    })
+                    .await?;
+                tx.rollback().await
+            })
+        })
+        .collect();
+    let mut failures = Vec::new();
+    for call in calls {
+        match call.await.unwrap() {
+            Ok(TxStatus::RolledBack) => {}
+            other => failures.push(format!("{other:?}")),
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {BURST} calls failed, first: {}",
+        failures.len(),
+        failures[0]
+    );
+    coordinator.stop().await;
 }
