@@ -30,7 +30,7 @@ impl Measured {
 }
 
 /// Runs `op` in a closed loop from `clients` tasks: `warmup` unmeasured, then `window`
-/// measured. `op(client, seq)` returns `Err(reason)` for a failed operation.
+/// measured. `op()` returns `Err(reason)` for a failed operation.
 pub async fn closed_loop<F, Fut>(
     clients: usize,
     warmup: Duration,
@@ -38,26 +38,24 @@ pub async fn closed_loop<F, Fut>(
     op: F,
 ) -> Measured
 where
-    F: Fn(usize, u64) -> Fut + Send + Sync + 'static,
+    F: Fn() -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Result<(), String>> + Send,
 {
     let op = Arc::new(op);
     let start = Instant::now() + warmup;
     let end = start + window;
     let tasks: Vec<_> = (0..clients)
-        .map(|client| {
+        .map(|_| {
             let op = op.clone();
             tokio::spawn(async move {
                 let mut samples = Vec::new();
                 let (mut errors, mut first_error, mut ok) = (0u64, None, 0u64);
-                let mut seq = 0u64;
                 loop {
                     let began = Instant::now();
                     if began >= end {
                         break;
                     }
-                    let result = op(client, seq).await;
-                    seq += 1;
+                    let result = op().await;
                     ok += u64::from(result.is_ok());
                     let finished = Instant::now();
                     if began < start || finished > end {

@@ -194,6 +194,14 @@ async fn bench_store(args: &Args, store: Store, admin: &str) -> Result<StoreRepo
 
     let process = CoordinatorProcess::start(&db.store_url).await?;
     let client = Coordinator::connect(&process.url).await?;
+    let harness = Harness {
+        store,
+        process: &process,
+        client: &client,
+        targets: &targets,
+        warmup,
+        window,
+    };
     println!("{}", report::HEADER);
     let mut rows = Vec::new();
     for &clients in &args.clients {
@@ -202,28 +210,7 @@ async fn bench_store(args: &Args, store: Store, admin: &str) -> Result<StoreRepo
         println!("{}", raw_row.line());
         rows.push(raw_row);
         for &w in &args.workloads {
-            process.reset_peak()?;
-            let before = process.counters().await?;
-            let cpu_before = cpu::Reading::now(process.pid());
-            let (client, targets) = (client.clone(), targets.clone());
-            let measured = load::closed_loop(clients, warmup, window, move |_, _| {
-                let (client, targets) = (client.clone(), targets.clone());
-                async move { w.run_one(&client, &targets).await }
-            })
-            .await;
-            let cpu_after = cpu::Reading::now(process.pid());
-            let after = process.counters().await?;
-            let mut r = row(store, clients, w.name(), &measured, raw.per_second());
-            let done = measured.total_ok as f64;
-            r.store_commits_per_tx =
-                Some(stats::ratio((after.commits - before.commits) as f64, done));
-            r.store_writes_per_tx = Some(stats::ratio((after.writes - before.writes) as f64, done));
-            r.p99_to_commit_floor = Some(stats::ratio(
-                measured.latency.p99_ms,
-                w.sequential_commits() as f64 * raw.latency.mean_ms,
-            ));
-            r.cpu_per_tx = Some(cpu_before.per_tx(&cpu_after, measured.total_ok));
-            r.coordinator_peak_mib = Some(process.peak_rss_kib()? as f64 / 1024.0);
+            let r = harness.measure(clients, w, &raw).await?;
             println!("{}", r.line());
             if let Some(e) = &r.first_error {
                 println!("    first error: {e}");
@@ -267,6 +254,46 @@ async fn bench_store(args: &Args, store: Store, admin: &str) -> Result<StoreRepo
     })
 }
 
+/// What every measured point of one store shares.
+struct Harness<'a> {
+    store: Store,
+    process: &'a CoordinatorProcess,
+    client: &'a Coordinator,
+    targets: &'a Arc<Targets>,
+    warmup: Duration,
+    window: Duration,
+}
+
+impl Harness<'_> {
+    /// One workload at one client count, with the coordinator's counters, CPU and peak memory
+    /// read around it; `raw` is the baseline at the same client count.
+    async fn measure(&self, clients: usize, w: Workload, raw: &Measured) -> Result<Row, Error> {
+        let (process, store, warmup, window) = (self.process, self.store, self.warmup, self.window);
+        process.reset_peak()?;
+        let before = process.counters().await?;
+        let cpu_before = cpu::Reading::now(process.pid());
+        let (client, targets) = (self.client.clone(), self.targets.clone());
+        let measured = load::closed_loop(clients, warmup, window, move || {
+            let (client, targets) = (client.clone(), targets.clone());
+            async move { w.run_one(&client, &targets).await }
+        })
+        .await;
+        let cpu_after = cpu::Reading::now(process.pid());
+        let after = process.counters().await?;
+        let done = measured.total_ok as f64;
+        let mut r = row(store, clients, w.name(), &measured, raw.per_second());
+        r.store_commits_per_tx = Some(stats::ratio((after.commits - before.commits) as f64, done));
+        r.store_writes_per_tx = Some(stats::ratio((after.writes - before.writes) as f64, done));
+        r.p99_to_commit_floor = Some(stats::ratio(
+            measured.latency.p99_ms,
+            w.sequential_commits() as f64 * raw.latency.mean_ms,
+        ));
+        r.cpu_per_tx = Some(cpu_before.per_tx(&cpu_after, measured.total_ok));
+        r.coordinator_peak_mib = Some(process.peak_rss_kib()? as f64 / 1024.0);
+        Ok(r)
+    }
+}
+
 fn row(store: Store, clients: usize, workload: &'static str, m: &Measured, raw: f64) -> Row {
     Row {
         store,
@@ -297,7 +324,7 @@ async fn raw_baseline(
     macro_rules! measure {
         ($db:ty) => {{
             let raw = RawInserts::<$db>::open(url, clients.min(MAX_POOL)).await?;
-            load::closed_loop(clients, warmup, window, move |_, _| {
+            load::closed_loop(clients, warmup, window, move || {
                 let raw = raw.clone();
                 async move { raw.insert_one().await }
             })
