@@ -25,7 +25,7 @@ const SELECT_BRANCHES: &str = "SELECT branch_id, seq, target, handler, payload, 
 const INSERT_GLOBAL: Sql = insert_ignore!(
     "dtx_global (xid, kind, status, decision, timeout_ms, deadline_ms, spec, branch_count, \
      owner, fence, due_ms, last_error, created_ms, updated_ms) \
-     VALUES (?, ?, ?, ?, ?, ?, ?, 0, ?, ?, ?, NULL, ?, ?)"
+     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, ?, ?)"
 );
 
 /// Locks the TRYING row and counts the new branch in one statement: a concurrent decision
@@ -235,7 +235,7 @@ pub(super) async fn apply<C: Conn>(conn: &mut C, write: &Write) -> Result<Writte
             timeout_ms,
             deadline_ms,
         } => {
-            let inserted = begin_tcc(conn, xid, *timeout_ms, *deadline_ms, now).await?;
+            let inserted = begin_tcc(conn, xid, *timeout_ms, *deadline_ms, now, 0).await?;
             existing_unless_inserted(conn, xid, inserted).await
         }
         Write::SubmitSaga { global: g } => {
@@ -250,6 +250,7 @@ pub(super) async fn apply<C: Conn>(conn: &mut C, write: &Write) -> Result<Writte
                         g.timeout_ms,
                         g.deadline_ms,
                         g.spec.as_ref(),
+                        0i64,
                         g.owner.as_ref(),
                         g.fence,
                         g.due_ms,
@@ -266,16 +267,21 @@ pub(super) async fn apply<C: Conn>(conn: &mut C, write: &Write) -> Result<Writte
             max_branches,
             begin,
         } => {
-            let count = args![xid.as_str(), now, *max_branches];
-            let mut counted = conn.execute(COUNT_BRANCH, count).await?;
-            let mut begun = false;
-            if counted == 0
-                && let Some((timeout_ms, deadline_ms)) = *begin
-                && begin_tcc(conn, xid, timeout_ms, deadline_ms, now).await? == 1
-            {
-                begun = true;
-                counted = conn.execute(COUNT_BRANCH, count).await?;
-            }
+            // A branch that may begin its transaction is usually the first: insert the
+            // transaction with this branch already counted (one statement, not three); if it
+            // exists, count the branch under the row lock as any other.
+            let begun = match *begin {
+                Some((timeout_ms, deadline_ms)) => {
+                    begin_tcc(conn, xid, timeout_ms, deadline_ms, now, 1).await? == 1
+                }
+                None => false,
+            };
+            let counted = if begun {
+                1
+            } else {
+                let count = args![xid.as_str(), now, *max_branches];
+                conn.execute(COUNT_BRANCH, count).await?
+            };
             if counted == 1 {
                 let headers = encode_headers(&b.headers);
                 let inserted = conn
@@ -331,13 +337,15 @@ pub(super) async fn apply<C: Conn>(conn: &mut C, write: &Write) -> Result<Writte
     }
 }
 
-/// Inserts a TRYING TCC transaction unless the xid exists; 1 if it did.
+/// Inserts a TRYING TCC transaction with `branch_count` branches counted unless the xid
+/// exists; 1 if it did.
 async fn begin_tcc<C: Conn>(
     conn: &mut C,
     xid: &str,
     timeout_ms: i64,
     deadline_ms: i64,
     now: i64,
+    branch_count: i64,
 ) -> Result<u64> {
     Ok(conn
         .execute(
@@ -350,6 +358,7 @@ async fn begin_tcc<C: Conn>(
                 timeout_ms,
                 deadline_ms,
                 None::<&[u8]>,
+                branch_count,
                 None::<&str>,
                 0i64,
                 deadline_ms,
