@@ -18,6 +18,16 @@ const SELECT_GLOBAL: &str = "SELECT xid, kind, status, decision, timeout_ms, dea
      branch_count, owner, fence, due_ms, last_error, created_ms, updated_ms \
      FROM dtx_global WHERE xid = ?";
 
+/// Columns of [`SELECT_GLOBAL`]; [`SELECT_TCC_RECORD`]'s branch columns follow them.
+const GLOBAL_COLUMNS: usize = 14;
+
+/// [`SELECT_GLOBAL`]'s and [`SELECT_BRANCHES`]' columns, one row per branch.
+const SELECT_TCC_RECORD: &str = "SELECT g.xid, g.kind, g.status, g.decision, g.timeout_ms, \
+     g.deadline_ms, g.spec, g.branch_count, g.owner, g.fence, g.due_ms, g.last_error, \
+     g.created_ms, g.updated_ms, b.branch_id, b.seq, b.target, b.handler, b.payload, b.headers, \
+     b.call_timeout_ms, b.status, b.attempts, b.last_error, b.result \
+     FROM dtx_global g LEFT JOIN dtx_branch b ON b.xid = g.xid WHERE g.xid = ? ORDER BY b.seq";
+
 const SELECT_BRANCHES: &str = "SELECT branch_id, seq, target, handler, payload, headers, \
      call_timeout_ms, status, attempts, last_error, result \
      FROM dtx_branch WHERE xid = ? ORDER BY seq";
@@ -325,10 +335,9 @@ pub(super) async fn apply<C: Conn>(conn: &mut C, write: &Write) -> Result<Writte
                 _ => conn.execute(DECIDE_ROLLBACK, &claim[..5]).await?,
             };
             if n == 1 {
-                let global = read_global(conn, xid)
+                let TxRecord { global, branches } = read_tcc_record(conn, xid)
                     .await?
                     .ok_or_else(|| Error::Corrupt(format!("{xid} vanished while deciding")))?;
-                let branches = read_branches(conn, xid).await?;
                 return Ok(Written::Decided { global, branches });
             }
             existing_unless_inserted(conn, xid, 0).await
@@ -466,13 +475,60 @@ fn corrupt(what: &str, value: &str) -> Error {
 }
 
 async fn read_global<C: Conn>(conn: &mut C, xid: &str) -> Result<Option<GlobalRow>> {
-    let Some(r) = conn.fetch_optional(SELECT_GLOBAL, args![xid]).await? else {
+    match conn.fetch_optional(SELECT_GLOBAL, args![xid]).await? {
+        Some(r) => Ok(Some(global_from_row(&r)?)),
+        None => Ok(None),
+    }
+}
+
+/// A TCC transaction and its branches in one statement (a TCC row has no `spec` blob to
+/// repeat on every branch row).
+async fn read_tcc_record<C: Conn>(conn: &mut C, xid: &str) -> Result<Option<TxRecord>> {
+    let rows = conn.fetch_all(SELECT_TCC_RECORD, args![xid]).await?;
+    let Some(first) = rows.first() else {
         return Ok(None);
     };
+    let global = global_from_row(first)?;
+    let mut branches = Vec::with_capacity(rows.len());
+    for row in rows {
+        let branch = Columns(row, GLOBAL_COLUMNS);
+        // The LEFT JOIN's one row of a transaction without branches has no branch id.
+        if branch.opt_text(0)?.is_some() {
+            branches.push(branch_from_row(&branch)?);
+        }
+    }
+    Ok(Some(TxRecord { global, branches }))
+}
+
+/// A row's columns from `.1` on, as a row of their own.
+struct Columns<R>(R, usize);
+
+impl<R: SqlRow> SqlRow for Columns<R> {
+    fn i64(&self, idx: usize) -> Result<i64, dtx_sql::sqlx::Error> {
+        self.0.i64(self.1 + idx)
+    }
+    fn opt_i64(&self, idx: usize) -> Result<Option<i64>, dtx_sql::sqlx::Error> {
+        self.0.opt_i64(self.1 + idx)
+    }
+    fn text(&self, idx: usize) -> Result<String, dtx_sql::sqlx::Error> {
+        self.0.text(self.1 + idx)
+    }
+    fn opt_text(&self, idx: usize) -> Result<Option<String>, dtx_sql::sqlx::Error> {
+        self.0.opt_text(self.1 + idx)
+    }
+    fn bytes(&self, idx: usize) -> Result<Vec<u8>, dtx_sql::sqlx::Error> {
+        self.0.bytes(self.1 + idx)
+    }
+    fn opt_bytes(&self, idx: usize) -> Result<Option<Vec<u8>>, dtx_sql::sqlx::Error> {
+        self.0.opt_bytes(self.1 + idx)
+    }
+}
+
+fn global_from_row<R: SqlRow>(r: &R) -> Result<GlobalRow> {
     let kind = r.text(1)?;
     let status = r.text(2)?;
     let decision = r.opt_text(3)?;
-    Ok(Some(GlobalRow {
+    Ok(GlobalRow {
         xid: r.text(0)?,
         kind: Kind::parse(&kind).ok_or_else(|| corrupt("kind", &kind))?,
         status: TxStatus::parse(&status).ok_or_else(|| corrupt("status", &status))?,
@@ -490,7 +546,7 @@ async fn read_global<C: Conn>(conn: &mut C, xid: &str) -> Result<Option<GlobalRo
         last_error: r.opt_text(11)?,
         created_ms: r.i64(12)?,
         updated_ms: r.i64(13)?,
-    }))
+    })
 }
 
 fn branch_from_row<R: SqlRow>(r: &R) -> Result<BranchRow> {
