@@ -234,11 +234,11 @@ async fn bench_store(args: &Args, store: Store, admin: &str) -> Result<StoreRepo
             // sweeps left in the allocator.
             let process = CoordinatorProcess::start(&db.store_url).await?;
             let client = Coordinator::connect(&process.url).await?;
-            let n = args.memory_tx;
+            let (n, noop) = (args.memory_tx, targets.noop.as_str());
             let figure = if kind == "saga" {
-                memory::sagas_in_flight(&process, &client, &targets.noop, &gate, n).await?
+                memory::measure(kind, &process, &gate, n, 1, memory::saga(&client, noop)).await?
             } else {
-                memory::tccs_in_flight(&process, &client, &targets.noop, &gate, n).await?
+                memory::measure(kind, &process, &gate, n, 2, memory::tcc(&client, noop)).await?
             };
             println!("{}", figure.line(store));
             memory.push(figure);

@@ -48,11 +48,11 @@ async fn until_held(gate: &Gate, count: usize) -> u64 {
 }
 
 /// One transaction of a memory test, run to its outcome: `Err` says what went wrong.
-type Transaction = tokio::task::JoinHandle<Result<(), String>>;
+pub type Transaction = tokio::task::JoinHandle<Result<(), String>>;
 
 /// Starts `count` transactions with `start`, reads the coordinator's peak memory once the
 /// participant holds `held_per_tx` calls of each, then lets them finish.
-async fn measure(
+pub async fn measure(
     kind: &'static str,
     coordinator: &CoordinatorProcess,
     gate: &Gate,
@@ -88,19 +88,13 @@ async fn measure(
     })
 }
 
-/// `count` sagas whose first action the participant holds.
-pub async fn sagas_in_flight(
-    coordinator: &CoordinatorProcess,
-    client: &Coordinator,
-    noop: &str,
-    gate: &Gate,
-    count: usize,
-) -> Result<MemoryFigure, Error> {
+/// A saga whose first action the participant holds, run to its outcome.
+pub fn saga(client: &Coordinator, noop: &str) -> impl Fn() -> Transaction {
     let policy = RetryPolicy {
         call_timeout: HOLD_TIMEOUT,
         ..RetryPolicy::default()
     };
-    measure("saga", coordinator, gate, count, 1, || {
+    move || {
         let saga = client
             .saga()
             .timeout(HOLD_TIMEOUT * 2)
@@ -114,25 +108,18 @@ pub async fn sagas_in_flight(
                 other => Err(format!("outcome: {other:?}")),
             }
         })
-    })
-    .await
+    }
 }
 
-/// `count` committed TCC transactions, each with two branches whose Confirms the participant
-/// holds: the coordinator drives all of them at once (and the clients wait for phase two).
-pub async fn tccs_in_flight(
-    coordinator: &CoordinatorProcess,
-    client: &Coordinator,
-    noop: &str,
-    gate: &Gate,
-    count: usize,
-) -> Result<MemoryFigure, Error> {
+/// A committed two-branch TCC transaction whose Confirms the participant holds (the client
+/// waits for phase two).
+pub fn tcc(client: &Coordinator, noop: &str) -> impl Fn() -> Transaction {
     let options = TccOptions {
         call_timeout: HOLD_TIMEOUT,
         timeout: HOLD_TIMEOUT * 2,
         ..workload::tcc_options()
     };
-    measure("tcc", coordinator, gate, count, 2, || {
+    move || {
         let (client, noop, options) = (client.clone(), noop.to_string(), options.clone());
         tokio::spawn(async move {
             let tx = client.begin(options).await.map_err(|e| e.to_string())?;
@@ -141,6 +128,5 @@ pub async fn tccs_in_flight(
                 .await
                 .map_err(|e| format!("decide: {e}"))
         })
-    })
-    .await
+    }
 }
