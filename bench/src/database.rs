@@ -38,45 +38,23 @@ impl BenchDatabase {
     pub async fn create(store: Store, admin_url: &str) -> Result<Self, Error> {
         const NAME: &str = "dtx_bench";
         let setup = |e: sqlx::Error| Error::Setup(format!("{store:?} at {admin_url}: {e}"));
-        match store {
+        let url = match store {
             Store::Sqlite => {
                 let dir = tempfile::tempdir()?;
                 let file = |name: &str| -> PathBuf { dir.path().join(name) };
-                Ok(BenchDatabase {
+                return Ok(BenchDatabase {
                     store,
                     store_url: format!("sqlite://{}", file("coordinator.db").display()),
                     business_url: format!("sqlite://{}", file("business.db").display()),
                     raw_url: format!("sqlite://{}", file("raw.db").display()),
                     _dir: Some(dir),
-                })
+                });
             }
-            Store::Postgres => {
-                let admin = sqlx::Postgres::connect(admin_url, 1).await.map_err(setup)?;
-                let drop = format!("DROP DATABASE IF EXISTS {NAME} WITH (FORCE)");
-                sqlx::Postgres::execute_script(&admin, drop)
-                    .await
-                    .map_err(setup)?;
-                let create = format!("CREATE DATABASE {NAME}");
-                sqlx::Postgres::execute_script(&admin, create)
-                    .await
-                    .map_err(setup)?;
-                Ok(Self::on_server(
-                    store,
-                    dtx_sdk::sql::with_database(admin_url, NAME),
-                ))
-            }
-            Store::Mysql => {
-                let admin = sqlx::MySql::connect(admin_url, 1).await.map_err(setup)?;
-                let sql = format!("DROP DATABASE IF EXISTS {NAME}; CREATE DATABASE {NAME}");
-                sqlx::MySql::execute_script(&admin, sql)
-                    .await
-                    .map_err(setup)?;
-                Ok(Self::on_server(
-                    store,
-                    dtx_sdk::sql::with_database(admin_url, NAME),
-                ))
-            }
-        }
+            // FORCE: a previous run's connections may still be closing.
+            Store::Postgres => recreate::<sqlx::Postgres>(admin_url, NAME, "WITH (FORCE)").await,
+            Store::Mysql => recreate::<sqlx::MySql>(admin_url, NAME, "").await,
+        };
+        Ok(Self::on_server(store, url.map_err(setup)?))
     }
 
     fn on_server(store: Store, url: String) -> Self {
@@ -129,6 +107,24 @@ impl BenchDatabase {
             }
         })
     }
+}
+
+/// Drops (`DROP DATABASE IF EXISTS name <drop_options>`) and creates database `name` on the
+/// server `admin_url` points at; returns its URL.
+async fn recreate<DB: Backend>(
+    admin_url: &str,
+    name: &str,
+    drop_options: &str,
+) -> Result<String, sqlx::Error> {
+    let admin = DB::connect(admin_url, 1).await?;
+    DB::execute_script(
+        &admin,
+        format!("DROP DATABASE IF EXISTS {name} {drop_options}"),
+    )
+    .await?;
+    DB::execute_script(&admin, format!("CREATE DATABASE {name}")).await?;
+    admin.close().await;
+    Ok(dtx_sdk::sql::with_database(admin_url, name))
 }
 
 /// One durable single-row INSERT per call, autocommit: what the database can commit.
