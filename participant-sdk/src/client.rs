@@ -41,9 +41,10 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use dtx_proto::answer::Answer;
 use dtx_proto::v1::coordinator_client::CoordinatorClient;
 use dtx_proto::v1::participant_client::ParticipantClient;
-use dtx_proto::v1::{self as wire, BranchAction, Outcome, TxStatus};
+use dtx_proto::v1::{self as wire, BranchAction, TxStatus};
 use tonic::Code;
 use tonic::transport::{Channel, Endpoint};
 
@@ -324,32 +325,20 @@ impl TccTransaction {
             let answer =
                 tokio::time::timeout(self.options.call_timeout, participant.branch(call)).await;
             match answer {
-                Ok(Ok(response)) => {
-                    let response = response.into_inner();
-                    match response.outcome() {
-                        Outcome::Success => return Ok(response.result),
-                        Outcome::Failure => {
-                            return Err(Error::BranchRefused {
-                                xid: self.xid.clone(),
-                                branch_id,
-                                message: response.message,
-                            });
-                        }
-                        Outcome::Retry | Outcome::Unspecified => {
-                            last = format!("RETRY: {}", response.message)
-                        }
+                // One classification table for every branch answer (`dtx_proto::answer`):
+                // only an explicit FAILURE proves the Try had no effect; a status-only answer
+                // is retried (the barrier returns a repeat's first result) and, if it never
+                // clears, leaves the branch in doubt for the rollback's Cancel.
+                Ok(result) => match Answer::of_result(result) {
+                    Answer::Success(result) => return Ok(result),
+                    Answer::Refused(message) => {
+                        return Err(Error::BranchRefused {
+                            xid: self.xid.clone(),
+                            branch_id,
+                            message,
+                        });
                     }
-                }
-                Ok(Err(status)) => match status.code() {
-                    Code::Unavailable
-                    | Code::Unknown
-                    | Code::Internal
-                    | Code::DeadlineExceeded
-                    | Code::Cancelled => {
-                        last = format!("{:?}: {}", status.code(), status.message());
-                    }
-                    // Rejected as malformed: no effect, and repeating cannot help.
-                    _ => return Err(Error::Rpc(status)),
+                    Answer::Unknown(seen) => last = seen,
                 },
                 Err(_) => {
                     // A timed-out Try may still commit later; it is not retried (the retry

@@ -2,9 +2,12 @@
 //!
 //! * [`v1`] - code generated from `proto/dtx/v1/dtx.proto` (messages, the `Coordinator` and
 //!   `Participant` services, their clients and servers).
+//! * [`answer`] - what a participant's answer proves (only an explicit FAILURE means "no
+//!   effect"), one table for the coordinator and the SDK.
 //! * [`limits`] - the input limits the contract documents, as code, so the coordinator, the
 //!   participant server and the client SDK reject the same inputs with the same messages.
 
+pub mod answer;
 pub mod limits;
 
 /// Generated code of package `dtx.v1`.

@@ -107,3 +107,60 @@ where
     killed_mid_saga(db, "crash-saga-comp", true).await;
 }
 test_on_all_databases!(killed_mid_saga_compensates, SCHEMAS);
+
+/// The coordinator is killed while a step's action is in flight (the participant still
+/// completes it: a lost response), and the saga's deadline passes before the lease lets a new
+/// process take over. The step was sent, so the new process must compensate it, not skip it.
+async fn killed_with_an_action_in_flight_past_the_deadline<DB: TestBackend>(db: &'static TestDb<DB>)
+where
+    DB::Conn: 'static,
+{
+    let xid = "crash-saga-in-flight";
+    ledger::create_tables(&db.pool).await;
+    ledger::open_account(&db.pool, "alice", START).await;
+    let faults = Faults::default();
+    faults.push(
+        "s1",
+        Action::Action,
+        [Fault::Delay(Duration::from_millis(1000))],
+    );
+    let bank = serve(
+        Server::builder().add_service(Bank::new(db.pool.clone(), faults.clone()).into_service()),
+    )
+    .await;
+    // Lease (5 s) longer than the saga's deadline (3 s): recovery finds it past the deadline.
+    let lease = ["--lease-ms", "5000"];
+    let first = Process::start(BIN, &db.url, &lease).await;
+    first
+        .client()
+        .await
+        .saga()
+        .xid(xid)
+        .timeout(Duration::from_secs(3))
+        .step(SagaStep::new("s1", bank.url(), "debit").payload(payload("alice", 7)))
+        .submit()
+        .await
+        .unwrap();
+    while faults.calls("s1", Action::Action) == 0 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    first.kill().await;
+    let second = Process::start(BIN, &db.url, &lease).await;
+    let done = second
+        .client()
+        .await
+        .wait(xid, Duration::from_secs(20))
+        .await
+        .unwrap();
+    assert_eq!(done.status(), TxStatus::Compensated, "{done:?}");
+    assert_eq!(ledger::effects(&db.pool, xid, "s1", "action").await, 1);
+    assert_eq!(
+        ledger::effects(&db.pool, xid, "s1", "compensate").await,
+        1,
+        "the action ran, so it is compensated: {done:?}"
+    );
+    assert_eq!(ledger::account(&db.pool, "alice").await, (START, 0));
+    second.kill().await;
+}
+test_on_all_databases!(killed_with_an_action_in_flight_past_the_deadline, SCHEMAS);

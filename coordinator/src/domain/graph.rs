@@ -114,11 +114,46 @@ pub fn tcc_needs_settling(state: BranchState) -> bool {
 }
 
 /// The states at the moment a saga turns to compensation: steps that never started are
-/// skipped (and never will start).
+/// skipped (and never will start). Only a driver that knows every call it made may call this:
+/// see [`take_over_forward`] for states read back from the store.
 pub fn turn_to_compensation(states: &mut [BranchState]) {
     for s in states.iter_mut() {
         if *s == BranchState::Pending {
             *s = BranchState::Skipped;
         }
+    }
+}
+
+/// The states of a running saga taken over from the store (its previous driver crashed,
+/// stalled or handed it back). Per-step progress is not written on the hot path, so a step
+/// recorded `Pending` may well have been sent and even have run: after a takeover, "not
+/// recorded as started" does not mean "never sent". Every such step is in doubt, so a later
+/// turn compensates it (the barrier turns an unneeded compensation into an empty one and
+/// blocks the late action) instead of skipping it.
+pub fn take_over_forward(states: &mut [BranchState]) {
+    for s in states.iter_mut() {
+        if *s == BranchState::Pending {
+            *s = BranchState::InDoubt;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use BranchState::*;
+
+    #[test]
+    fn a_taken_over_saga_skips_nothing_at_its_turn() {
+        // As read back from the store after a crash: nothing recorded past the submit.
+        let mut states = [Done, Pending, Pending];
+        take_over_forward(&mut states);
+        turn_to_compensation(&mut states);
+        assert_eq!(states, [Done, InDoubt, InDoubt]);
+        assert!(states.iter().all(|s| saga_needs_compensation(*s)));
+        // A live driver knows what it never sent.
+        let mut live = [Done, InDoubt, Pending];
+        turn_to_compensation(&mut live);
+        assert_eq!(live, [Done, InDoubt, Skipped]);
     }
 }

@@ -33,7 +33,8 @@ use super::participants::{Call, CallOutcome};
 use super::{Active, Inner};
 use crate::domain::backoff::RetryPolicy;
 use crate::domain::graph::{
-    Graph, forward_complete, saga_needs_compensation, tcc_needs_settling, turn_to_compensation,
+    Graph, forward_complete, saga_needs_compensation, take_over_forward, tcc_needs_settling,
+    turn_to_compensation,
 };
 use crate::domain::{BranchRow, BranchState, Decision, Kind, TxStatus};
 use crate::store::{Progress, Write, Written};
@@ -104,6 +105,19 @@ pub struct Job {
 struct Turn(String);
 
 impl Job {
+    /// Prepares a job read back from the store by recovery: in the forward phase every step
+    /// not recorded as settled may have been sent by the previous driver.
+    pub fn taken_over(mut self) -> Job {
+        if self.phase == Phase::Forward {
+            let mut states = self.states();
+            take_over_forward(&mut states);
+            for (step, state) in self.steps.iter_mut().zip(states) {
+                step.row.state = state;
+            }
+        }
+        self
+    }
+
     fn needs(&self) -> fn(BranchState) -> bool {
         match self.kind {
             Kind::Tcc => tcc_needs_settling,
@@ -170,7 +184,7 @@ impl Job {
                 step.row.last_error = None;
                 None
             }
-            (Phase::Forward, CallOutcome::Failure(m) | CallOutcome::Rejected(m)) => {
+            (Phase::Forward, CallOutcome::Failure(m) | CallOutcome::NotSent(m)) => {
                 step.row.state = BranchState::Refused;
                 step.row.last_error = Some(m.clone());
                 Some(Turn(format!("step {name} refused: {m}")))
@@ -195,7 +209,7 @@ impl Job {
                 step.row.last_error = None;
                 None
             }
-            (Phase::Settle(_), CallOutcome::Failure(m) | CallOutcome::Rejected(m)) => {
+            (Phase::Settle(_), CallOutcome::Failure(m) | CallOutcome::NotSent(m)) => {
                 step.row.state = BranchState::Stuck;
                 step.row.last_error = Some(m);
                 None
@@ -559,7 +573,7 @@ mod tests {
             0..=3 => CallOutcome::Success(b"r".to_vec()),
             4 | 5 => CallOutcome::Unknown("timeout".into()),
             6 => CallOutcome::Failure("no".into()),
-            _ => CallOutcome::Rejected("bad".into()),
+            _ => CallOutcome::NotSent("bad".into()),
         }
     }
 

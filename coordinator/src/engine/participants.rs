@@ -4,22 +4,21 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::RwLock;
 use std::time::Duration;
 
+use dtx_proto::answer::Answer;
 use dtx_proto::v1::participant_client::ParticipantClient;
-use dtx_proto::v1::{BranchAction, BranchRequest, Outcome};
-use tonic::Code;
+use dtx_proto::v1::{BranchAction, BranchRequest};
 use tonic::transport::{Channel, Endpoint};
 
-/// What a participant call established.
+/// What a participant call established (classified by [`dtx_proto::answer`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CallOutcome {
     /// SUCCESS, with the result payload.
     Success(Vec<u8>),
-    /// FAILURE: an explicit refusal without effect.
+    /// FAILURE in a well-formed response: an explicit refusal without effect.
     Failure(String),
-    /// The participant rejected the call as malformed (unknown handler, wrong action kind,
-    /// limits): it had no effect and repeating it cannot help.
-    Rejected(String),
-    /// RETRY, a timeout, a transport error, any other gRPC error: the effect may or may not
+    /// The call was never sent (the target is not a valid endpoint): no effect.
+    NotSent(String),
+    /// RETRY, a timeout, a transport error, any gRPC status: the effect may or may not
     /// have happened.
     Unknown(String),
 }
@@ -67,7 +66,7 @@ impl Participants {
     pub async fn call(&self, call: Call) -> CallOutcome {
         let mut client = match self.client(&call.target) {
             Ok(client) => client,
-            Err(e) => return CallOutcome::Rejected(e),
+            Err(e) => return CallOutcome::NotSent(e),
         };
         let mut request = tonic::Request::new(BranchRequest {
             xid: call.xid,
@@ -84,30 +83,11 @@ impl Participants {
             Err(_) => {
                 CallOutcome::Unknown(format!("no answer within {} ms", call.timeout.as_millis()))
             }
-            Ok(Err(status)) => match status.code() {
-                Code::InvalidArgument
-                | Code::NotFound
-                | Code::FailedPrecondition
-                | Code::Unimplemented => {
-                    CallOutcome::Rejected(format!("{:?}: {}", status.code(), status.message()))
-                }
-                code => CallOutcome::Unknown(format!("{code:?}: {}", status.message())),
+            Ok(result) => match Answer::of_result(result) {
+                Answer::Success(result) => CallOutcome::Success(result),
+                Answer::Refused(reason) => CallOutcome::Failure(reason),
+                Answer::Unknown(seen) => CallOutcome::Unknown(seen),
             },
-            Ok(Ok(response)) => {
-                let response = response.into_inner();
-                match response.outcome() {
-                    Outcome::Success => CallOutcome::Success(response.result),
-                    Outcome::Failure => CallOutcome::Failure(if response.message.is_empty() {
-                        String::from_utf8_lossy(&response.result).into_owned()
-                    } else {
-                        response.message
-                    }),
-                    Outcome::Retry => CallOutcome::Unknown(format!("RETRY: {}", response.message)),
-                    Outcome::Unspecified => {
-                        CallOutcome::Unknown("answer without an outcome".into())
-                    }
-                }
-            }
         }
     }
 }

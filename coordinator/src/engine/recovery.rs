@@ -101,7 +101,7 @@ async fn take_over(engine: &Engine, mut record: TxRecord) -> Result<()> {
     };
     engine.inner.metrics.recovered();
     tracing::info!(xid = %record.global.xid, status = %record.global.status, "taking over");
-    let job = engine.job(&record, fence, phase)?;
+    let job = engine.job(&record, fence, phase)?.taken_over();
     engine.spawn(job, record.global);
     Ok(())
 }
