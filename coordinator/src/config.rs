@@ -57,6 +57,11 @@ pub struct Config {
     #[arg(long, env = "DTX_METRICS_LISTEN")]
     pub metrics_listen: Option<SocketAddr>,
 
+    /// Warn when this host's clock is further than this from the database's (leases, due
+    /// times and deadlines always use the database's time).
+    #[arg(long, env = "DTX_MAX_CLOCK_SKEW_MS", default_value_t = 1_000)]
+    pub max_clock_skew_ms: u64,
+
     /// On SIGTERM/Ctrl-C, how long drivers may finish in-flight calls before exiting.
     #[arg(long, env = "DTX_SHUTDOWN_GRACE_MS", default_value_t = 5_000)]
     pub shutdown_grace_ms: u64,
@@ -72,6 +77,7 @@ impl Config {
             handoff_after: Duration::from_millis(self.handoff_ms),
             retention: (self.retention_hours > 0)
                 .then(|| Duration::from_secs(self.retention_hours * 3600)),
+            max_clock_skew: Duration::from_millis(self.max_clock_skew_ms),
             ..default
         }
     }

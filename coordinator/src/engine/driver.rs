@@ -23,7 +23,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dtx_proto::v1::BranchAction;
-use dtx_sql::now_ms;
 use futures::StreamExt;
 use futures::future::BoxFuture;
 use futures::stream::FuturesUnordered;
@@ -230,8 +229,9 @@ fn backoff(policy: &RetryPolicy, attempts: i64) -> Duration {
     )
 }
 
-fn unix_ms_at(instant: Instant) -> i64 {
-    now_ms()
+/// `instant` on the database's clock.
+fn unix_ms_at(inner: &Inner, instant: Instant) -> i64 {
+    inner.now_ms()
         + instant
             .saturating_duration_since(Instant::now())
             .as_millis() as i64
@@ -262,7 +262,7 @@ pub async fn drive(inner: Arc<Inner>, mut job: Job, active: Arc<Active>) -> Ende
         let now = Instant::now();
         if job.phase == Phase::Forward
             && turn.is_none()
-            && job.deadline_ms.is_some_and(|d| now_ms() >= d)
+            && job.deadline_ms.is_some_and(|d| inner.now_ms() >= d)
         {
             turn = Some(Turn("deadline passed before every step succeeded".into()));
         }
@@ -341,7 +341,13 @@ pub async fn drive(inner: Arc<Inner>, mut job: Job, active: Arc<Active>) -> Ende
             }
             let wait = next_timer.map_or(Duration::ZERO, |t| t.saturating_duration_since(now));
             if wait >= inner.config.handoff_after {
-                return hand_off(&inner, &job, &active, next_timer.map(unix_ms_at)).await;
+                return hand_off(
+                    &inner,
+                    &job,
+                    &active,
+                    next_timer.map(|t| unix_ms_at(&inner, t)),
+                )
+                .await;
             }
         }
         let mut wake = renew_at;
@@ -352,7 +358,7 @@ pub async fn drive(inner: Arc<Inner>, mut job: Job, active: Arc<Active>) -> Ende
             .deadline_ms
             .filter(|_| job.phase == Phase::Forward && turn.is_none())
         {
-            let until = Duration::from_millis((d - now_ms()).max(0) as u64);
+            let until = Duration::from_millis((d - inner.now_ms()).max(0) as u64);
             wake = wake.min(now + until);
         }
         tokio::select! {
@@ -371,7 +377,7 @@ pub async fn drive(inner: Arc<Inner>, mut job: Job, active: Arc<Active>) -> Ende
                         turn.get_or_insert(t);
                     }
                 }
-                return hand_off(&inner, &job, &active, Some(now_ms())).await;
+                return hand_off(&inner, &job, &active, Some(inner.now_ms())).await;
             }
         }
         if Instant::now() >= renew_at {
@@ -379,7 +385,7 @@ pub async fn drive(inner: Arc<Inner>, mut job: Job, active: Arc<Active>) -> Ende
                 &job,
                 job.phase.status(),
                 Some(inner.config.instance.clone()),
-                Some(now_ms() + lease.as_millis() as i64),
+                Some(inner.now_ms() + lease.as_millis() as i64),
                 None,
             );
             if !inner.write_fenced(progress).await {
@@ -402,7 +408,7 @@ async fn turn_to_compensation_durably(
         step.row.state = state;
         step.next_at = None;
     }
-    let due = now_ms() + inner.config.lease.as_millis() as i64;
+    let due = inner.now_ms() + inner.config.lease.as_millis() as i64;
     let progress = inner.progress(
         job,
         TxStatus::Compensating,
@@ -460,7 +466,7 @@ async fn hand_off(inner: &Inner, job: &Job, active: &Active, due_ms: Option<i64>
         job,
         job.phase.status(),
         None,
-        due_ms.or(Some(now_ms())),
+        due_ms.or(Some(inner.now_ms())),
         None,
     );
     if !inner.write_fenced(progress).await {

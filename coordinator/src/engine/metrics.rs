@@ -1,7 +1,7 @@
 //! Counters an operator alerts on, rendered in the Prometheus text format.
 
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
 use crate::domain::{Kind, TxStatus};
 
@@ -17,6 +17,8 @@ pub struct Metrics {
     needs_attention: AtomicU64,
     /// Transactions taken over by recovery (deadline, expired lease, due retry).
     recovered: AtomicU64,
+    /// The database's clock minus this host's, at the last sample.
+    clock_skew_ms: AtomicI64,
 }
 
 impl Metrics {
@@ -45,6 +47,10 @@ impl Metrics {
 
     pub(super) fn recovered(&self) {
         self.recovered.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(super) fn clock_skew(&self, ms: i64) {
+        self.clock_skew_ms.store(ms, Ordering::Relaxed);
     }
 
     /// Transactions parked in NEEDS_ATTENTION by this instance since it started.
@@ -97,6 +103,11 @@ impl Metrics {
             out,
             "# HELP dtx_store_writes_total State changes written (several share a commit).\n# TYPE dtx_store_writes_total counter\ndtx_store_writes_total {store_writes}"
         );
+        let _ = writeln!(
+            out,
+            "# HELP dtx_clock_offset_ms The database's clock minus this host's wall clock (leases and deadlines use the database's).\n# TYPE dtx_clock_offset_ms gauge\ndtx_clock_offset_ms {}",
+            self.clock_skew_ms.load(Ordering::Relaxed)
+        );
         if let Some(parked) = parked_now {
             let _ = writeln!(
                 out,
@@ -124,6 +135,9 @@ mod tests {
         );
         assert!(text.contains("dtx_transactions_finished_total{status=\"committed\"} 1"));
         assert!(text.contains("dtx_needs_attention_total 1"));
+        m.clock_skew(-30_000);
+        let text = m.render(7, 21, Some(3));
+        assert!(text.contains("# TYPE dtx_clock_offset_ms gauge\ndtx_clock_offset_ms -30000"));
         assert!(text.contains("# TYPE dtx_needs_attention gauge\ndtx_needs_attention 3"));
         assert!(
             text.contains("dtx_store_commits_total 7")

@@ -20,7 +20,6 @@ use std::time::Duration;
 
 use dtx_proto::limits::{self, LimitError};
 use dtx_proto::v1::SubmitSagaRequest;
-use dtx_sql::now_ms;
 use prost::Message;
 use tokio::sync::watch;
 use tracing::Instrument;
@@ -54,6 +53,11 @@ pub struct EngineConfig {
     pub handoff_after: Duration,
     /// Finished transactions are deleted this long after they finished (`None`: kept).
     pub retention: Option<Duration>,
+    /// How often the database's clock is sampled again.
+    pub clock_sync: Duration,
+    /// A local wall clock further than this from the database's is logged at WARN (the
+    /// engine runs on the database's time either way; a large offset means a host to fix).
+    pub max_clock_skew: Duration,
 }
 
 impl Default for EngineConfig {
@@ -68,6 +72,8 @@ impl Default for EngineConfig {
             claim_batch: 64,
             handoff_after: Duration::from_secs(30),
             retention: Some(Duration::from_secs(7 * 24 * 3600)),
+            clock_sync: Duration::from_secs(5),
+            max_clock_skew: Duration::from_secs(1),
         }
     }
 }
@@ -124,6 +130,54 @@ pub struct Inner {
     seq: AtomicU64,
 }
 
+impl Inner {
+    /// Now on the database's clock: the one clock every instance compares leases, due times
+    /// and deadlines on.
+    fn now_ms(&self) -> i64 {
+        self.store.clock().now_ms()
+    }
+
+    /// Exports the local clock's offset from the database's; with `warn`, logs it when it is
+    /// beyond the bound. Returns whether it is.
+    fn observe_clock(&self, warn: bool) -> bool {
+        let skew = self.store.clock().skew_ms();
+        self.metrics.clock_skew(skew);
+        let out = skew.unsigned_abs() > self.config.max_clock_skew.as_millis() as u64;
+        if out && warn {
+            tracing::warn!(
+                offset_ms = skew,
+                bound_ms = self.config.max_clock_skew.as_millis() as u64,
+                "this host's clock is {} ms {} the database's; leases, due times and deadlines \
+                 use the database's time, but fix the host's clock (NTP)",
+                skew.unsigned_abs(),
+                if skew > 0 { "behind" } else { "ahead of" }
+            );
+        }
+        out
+    }
+}
+
+/// Samples the database's clock every `clock_sync`; repeats the skew warning at most once a
+/// minute while it lasts.
+async fn sync_clock(inner: Arc<Inner>) {
+    let mut shutdown = inner.shutdown.subscribe();
+    let mut warned_at: Option<tokio::time::Instant> = None;
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(inner.config.clock_sync) => {}
+            _ = shutdown.changed() => return,
+        }
+        if let Err(e) = inner.store.sync_clock().await {
+            tracing::warn!(error = %e, "could not read the database's clock; keeping the last sample");
+            continue;
+        }
+        let quiet = warned_at.is_some_and(|at| at.elapsed() < Duration::from_secs(60));
+        if inner.observe_clock(!quiet) && !quiet {
+            warned_at = Some(tokio::time::Instant::now());
+        }
+    }
+}
+
 /// The coordinator's engine. Cheap to clone.
 #[derive(Clone)]
 pub struct Engine {
@@ -172,9 +226,12 @@ impl Engine {
         &self.inner.store
     }
 
-    /// Starts recovery (immediately, then every poll interval) and retention.
+    /// Starts recovery (immediately, then every poll interval) and retention, and keeps the
+    /// database clock sampled.
     pub fn start_background(&self) {
+        self.inner.observe_clock(true);
         tokio::spawn(recovery::run(self.clone()));
+        tokio::spawn(sync_clock(self.inner.clone()));
     }
 
     /// Stops recovery, lets drivers finish their in-flight calls and hand their transactions
@@ -205,7 +262,7 @@ impl Engine {
             limits::DEFAULT_TX_TIMEOUT,
             limits::MAX_TX_TIMEOUT,
         )?;
-        let now = now_ms();
+        let now = self.inner.now_ms();
         let timeout_ms = timeout.as_millis() as i64;
         let deadline_ms = now + timeout_ms;
         let written = self
@@ -255,14 +312,15 @@ impl Engine {
         limits::check_xid(&xid)?;
         let begin = branch.begin_timeout.map(|t| {
             let timeout_ms = t.as_millis() as i64;
-            (timeout_ms, now_ms() + timeout_ms)
+            (timeout_ms, self.inner.now_ms() + timeout_ms)
         });
         limits::check_branch_id("branch_id", &branch.branch_id)?;
         limits::check_target("target", &branch.target)?;
         limits::check_handler("handler", &branch.handler)?;
         limits::check_payload("payload", &branch.payload)?;
         limits::check_headers("headers", &branch.headers)?;
-        let seq = now_ms() * 1024 + (self.inner.seq.fetch_add(1, Ordering::Relaxed) % 1024) as i64;
+        let seq = self.inner.now_ms() * 1024
+            + (self.inner.seq.fetch_add(1, Ordering::Relaxed) % 1024) as i64;
         let row = BranchRow {
             branch_id: branch.branch_id,
             seq,
@@ -320,7 +378,7 @@ impl Engine {
                     "transaction {xid:?} is already {}; no branch can be added after the decision",
                     global.status
                 ))
-            } else if global.deadline_ms <= now_ms() {
+            } else if global.deadline_ms <= self.inner.now_ms() {
                 Error::WrongState(format!(
                     "transaction {xid:?} passed its deadline and is being rolled back"
                 ))
@@ -350,7 +408,7 @@ impl Engine {
             return Err(Error::ShuttingDown);
         }
         let fence = crate::store::new_fence();
-        let due_ms = now_ms() + self.inner.config.lease.as_millis() as i64;
+        let due_ms = self.inner.now_ms() + self.inner.config.lease.as_millis() as i64;
         let written = self
             .inner
             .store
@@ -429,7 +487,7 @@ impl Engine {
         // Canonical form: the resolved timeout, so "0 (default)" and "60000" are the same saga.
         request.timeout_ms = plan.timeout.as_millis() as u64;
         let spec = request.encode_to_vec();
-        let now = now_ms();
+        let now = self.inner.now_ms();
         let fence = crate::store::new_fence();
         let global = GlobalRow {
             xid: request.xid.clone(),
@@ -566,7 +624,7 @@ impl Engine {
             to: phase.status(),
             decision: Some(decision),
             owner: Some(self.inner.config.instance.clone()),
-            due_ms: Some(now_ms() + self.inner.config.lease.as_millis() as i64),
+            due_ms: Some(self.inner.now_ms() + self.inner.config.lease.as_millis() as i64),
             last_error: None,
             branches: branches.clone(),
         };

@@ -7,8 +7,6 @@
 
 use std::time::Duration;
 
-use dtx_sql::now_ms;
-
 use super::Engine;
 use super::driver::Phase;
 use crate::domain::{Decision, Kind, TxRecord, TxStatus};
@@ -47,7 +45,7 @@ pub(super) async fn run(engine: Engine) {
             && last_purge.elapsed() >= Duration::from_secs(60)
         {
             last_purge = tokio::time::Instant::now();
-            let before = now_ms() - retention.as_millis() as i64;
+            let before = engine.inner.now_ms() - retention.as_millis() as i64;
             match engine.inner.store.purge_finished(before, 500).await {
                 Ok(0) => {}
                 Ok(n) => tracing::info!(deleted = n, "purged finished transactions"),
@@ -79,7 +77,7 @@ async fn take_over(engine: &Engine, mut record: TxRecord) -> Result<()> {
                 to: TxStatus::RollingBack,
                 decision: Some(Decision::Rollback),
                 owner: Some(engine.inner.config.instance.clone()),
-                due_ms: Some(now_ms() + engine.inner.config.lease.as_millis() as i64),
+                due_ms: Some(engine.inner.now_ms() + engine.inner.config.lease.as_millis() as i64),
                 last_error: Some("deadline passed before a decision".into()),
                 branches: Vec::new(),
             };

@@ -6,6 +6,7 @@
 //! in one database transaction and each caller is answered when that commit is durable. With a
 //! batch size of one this is plain per-call commits; raising it is configuration.
 
+mod clock;
 mod sql;
 mod writer;
 
@@ -18,6 +19,7 @@ use futures::future::BoxFuture;
 use crate::domain::{BranchRow, Decision, GlobalRow, TxRecord, TxStatus};
 use crate::error::{Error, Result};
 
+pub use clock::DbClock;
 pub use sql::SqlStore;
 pub(crate) use sql::new_fence;
 
@@ -149,6 +151,12 @@ pub trait Store: Send + Sync + 'static {
     fn count_parked(&self) -> BoxFuture<'_, Result<u64>>;
 
     fn stats(&self) -> &StoreStats;
+
+    /// The database's clock: every lease, due time and deadline is read off it.
+    fn clock(&self) -> &DbClock;
+
+    /// Samples the database's time again (done at open and periodically by the engine).
+    fn sync_clock(&self) -> BoxFuture<'_, Result<()>>;
 }
 
 /// How the store batches writes.

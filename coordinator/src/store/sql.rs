@@ -2,12 +2,13 @@
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use dtx_sql::sqlx::Pool;
-use dtx_sql::{Arg, Backend, Conn, Dialect, Schema, Sql, SqlRow, args, insert_ignore, now_ms};
+use dtx_sql::{Arg, Backend, Conn, Dialect, Schema, Sql, SqlRow, args, insert_ignore};
 use futures::future::BoxFuture;
 
+use super::clock::{DB_NOW_MS, DbClock};
 use super::writer::Writer;
 use super::{Progress, Store, StoreOptions, StoreStats, Write, Written};
 use crate::domain::record::{decode_headers, encode_headers};
@@ -95,6 +96,7 @@ pub struct SqlStore<DB: Backend> {
     pool: Pool<DB>,
     writer: Writer,
     stats: Arc<StoreStats>,
+    clock: Arc<DbClock>,
 }
 
 impl<DB: Backend> SqlStore<DB> {
@@ -103,12 +105,31 @@ impl<DB: Backend> SqlStore<DB> {
         let pool = DB::connect(url, options.max_connections).await?;
         DB::migrate(&pool, Schema::Coordinator).await?;
         let stats = Arc::new(StoreStats::default());
-        let writer = Writer::start::<DB>(pool.clone(), options, stats.clone());
-        Ok(SqlStore {
+        let clock = Arc::new(DbClock::default());
+        let writer = Writer::start::<DB>(pool.clone(), options, stats.clone(), clock.clone());
+        let store = SqlStore {
             pool,
             writer,
             stats,
-        })
+            clock,
+        };
+        store.sample_clock().await?;
+        Ok(store)
+    }
+
+    /// Reads the database's time and records it on the clock.
+    async fn sample_clock(&self) -> Result<()> {
+        let mut conn = self.pool.acquire().await?;
+        let conn = DB::pooled(&mut conn);
+        let sent = Instant::now();
+        let row = conn
+            .fetch_optional(DB_NOW_MS.pick(<DB::Conn as Conn>::DIALECT), &[])
+            .await?
+            .ok_or_else(|| corrupt("database time", "no row"))?;
+        let received = Instant::now();
+        self.clock
+            .record(row.i64(0)?, sent, received, dtx_sql::now_ms());
+        Ok(())
     }
 
     async fn read(&self, xid: &str) -> Result<Option<TxRecord>> {
@@ -122,7 +143,7 @@ impl<DB: Backend> SqlStore<DB> {
     }
 
     async fn claim(&self, owner: &str, lease: Duration, limit: i64) -> Result<Vec<TxRecord>> {
-        let now = now_ms();
+        let now = self.clock.now_ms();
         // A plain read first: an idle coordinator polls without opening write transactions.
         {
             let mut conn = self.pool.acquire().await?;
@@ -229,6 +250,14 @@ impl<DB: Backend> Store for SqlStore<DB> {
     fn stats(&self) -> &StoreStats {
         &self.stats
     }
+
+    fn clock(&self) -> &DbClock {
+        &self.clock
+    }
+
+    fn sync_clock(&self) -> BoxFuture<'_, Result<()>> {
+        Box::pin(self.sample_clock())
+    }
 }
 
 /// A fresh fencing token.
@@ -236,9 +265,8 @@ pub(crate) fn new_fence() -> i64 {
     rand::random::<i64>() & i64::MAX
 }
 
-/// Applies one write inside the batch's open transaction.
-pub(super) async fn apply<C: Conn>(conn: &mut C, write: &Write) -> Result<Written> {
-    let now = now_ms();
+/// Applies one write inside the batch's open transaction; `now` is the database's time.
+pub(super) async fn apply<C: Conn>(conn: &mut C, write: &Write, now: i64) -> Result<Written> {
     match write {
         Write::BeginTcc {
             xid,

@@ -18,6 +18,7 @@ use dtx_sql::Backend;
 use dtx_sql::sqlx::Pool;
 use tokio::sync::{Mutex, mpsc, oneshot};
 
+use super::clock::DbClock;
 use super::sql::apply;
 use super::{StoreOptions, StoreStats, Write, Written};
 use crate::error::{Error, Result};
@@ -38,6 +39,7 @@ impl Writer {
         pool: Pool<DB>,
         options: StoreOptions,
         stats: Arc<StoreStats>,
+        clock: Arc<DbClock>,
     ) -> Writer {
         let (queue, jobs) = mpsc::unbounded_channel();
         let jobs = Arc::new(Mutex::new(jobs));
@@ -47,6 +49,7 @@ impl Writer {
                 jobs.clone(),
                 options.max_batch.max(1),
                 stats.clone(),
+                clock.clone(),
             ));
         }
         Writer { queue }
@@ -67,6 +70,7 @@ async fn run<DB: Backend>(
     jobs: Arc<Mutex<mpsc::UnboundedReceiver<Job>>>,
     max_batch: usize,
     stats: Arc<StoreStats>,
+    clock: Arc<DbClock>,
 ) {
     let mut batch = Vec::with_capacity(max_batch);
     loop {
@@ -79,7 +83,7 @@ async fn run<DB: Backend>(
         // Stable: writes of one transaction keep their order.
         batch.sort_by(|a, b| xid_of(&a.write).cmp(xid_of(&b.write)));
         let writes: Vec<&Write> = batch.iter().map(|j| &j.write).collect();
-        match commit::<DB>(&pool, &writes).await {
+        match commit::<DB>(&pool, &writes, &clock).await {
             Ok(results) => {
                 stats.commits.fetch_add(1, Ordering::Relaxed);
                 stats
@@ -92,7 +96,7 @@ async fn run<DB: Backend>(
             Err(e) if batch.len() > 1 && !dtx_sql::is_connection_error(&e) => {
                 tracing::debug!(error = %e, size = batch.len(), "batch failed; applying its writes one by one");
                 for job in batch.drain(..) {
-                    let result = commit::<DB>(&pool, &[&job.write]).await;
+                    let result = commit::<DB>(&pool, &[&job.write], &clock).await;
                     if result.is_ok() {
                         stats.commits.fetch_add(1, Ordering::Relaxed);
                         stats.writes.fetch_add(1, Ordering::Relaxed);
@@ -131,11 +135,13 @@ fn xid_of(write: &Write) -> &str {
 async fn commit<DB: Backend>(
     pool: &Pool<DB>,
     writes: &[&Write],
+    clock: &DbClock,
 ) -> std::result::Result<Vec<Written>, dtx_sql::sqlx::Error> {
     let mut tx = DB::begin(pool).await?;
+    let now = clock.now_ms();
     let mut results = Vec::with_capacity(writes.len());
     for write in writes {
-        match apply(DB::conn(&mut tx), write).await {
+        match apply(DB::conn(&mut tx), write, now).await {
             Ok(written) => results.push(written),
             Err(Error::Store(e)) => return Err(e),
             Err(other) => return Err(dtx_sql::sqlx::Error::Protocol(other.to_string())),
