@@ -9,6 +9,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // Maps encode in key order, so equal definitions encode to equal bytes (used to detect
         // "same key, different content" on idempotent repeats).
         .btree_map(".")
+        // Undecodable requests are INVALID_ARGUMENT, not tonic's INTERNAL (see `codec.rs`).
+        .codec_path("crate::codec::WireCodec")
         .file_descriptor_set_path(out_dir.join("dtx_descriptor.bin"))
         .compile_protos(&["proto/dtx/v1/dtx.proto"], &["proto"])?;
     println!("cargo:rerun-if-changed=proto/dtx/v1/dtx.proto");

@@ -9,6 +9,8 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use dtx_proto::codec::SizeGuard;
+use dtx_proto::limits::MAX_REQUEST_BYTES;
 use dtx_proto::v1::participant_server::{Participant, ParticipantServer as WireServer};
 use dtx_proto::v1::{BranchAction, BranchRequest, BranchResponse, Outcome};
 use dtx_sdk::barrier::HandlerError;
@@ -103,7 +105,7 @@ impl Participant for NoopParticipant {
 
 /// Serves `service` on a fresh loopback port; returns its URL. Concurrent streams are not
 /// capped (the memory test holds 10,000 calls open on one connection).
-pub async fn serve<S: Participant>(service: WireServer<S>) -> Result<String, Error> {
+pub async fn serve<S: Participant>(service: SizeGuard<WireServer<S>>) -> Result<String, Error> {
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let url = format!("http://{}", listener.local_addr()?);
     tokio::spawn(
@@ -119,7 +121,13 @@ pub async fn serve<S: Participant>(service: WireServer<S>) -> Result<String, Err
 
 pub async fn serve_noop() -> Result<(String, Gate), Error> {
     let (participant, gate) = NoopParticipant::new();
-    Ok((serve(WireServer::new(participant)).await?, gate))
+    Ok((
+        serve(SizeGuard::new(
+            WireServer::new(participant).max_decoding_message_size(MAX_REQUEST_BYTES),
+        ))
+        .await?,
+        gate,
+    ))
 }
 
 /// The business table of [`rows_participant`].

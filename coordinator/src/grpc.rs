@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use dtx_proto::codec::SizeGuard;
 use dtx_proto::limits;
 use dtx_proto::v1 as wire;
 use dtx_proto::v1::coordinator_server::{Coordinator, CoordinatorServer};
@@ -19,11 +20,14 @@ pub struct CoordinatorService {
 }
 
 impl CoordinatorService {
-    pub fn new(engine: Engine) -> CoordinatorServer<Self> {
-        CoordinatorServer::new(CoordinatorService { engine })
-            // Our own limits (64 KiB payloads, 64 steps) must fire with their clear messages
-            // before tonic's generic 4 MiB decoding limit does.
-            .max_decoding_message_size(16 * 1024 * 1024)
+    pub fn new(engine: Engine) -> SizeGuard<CoordinatorServer<Self>> {
+        // The decoding limit comes from the contract: every request within the limits (and
+        // one somewhat over a field limit, which then gets that field's message) decodes; a
+        // larger one is refused before it is buffered, and the guard names the limits.
+        SizeGuard::new(
+            CoordinatorServer::new(CoordinatorService { engine })
+                .max_decoding_message_size(limits::MAX_REQUEST_BYTES),
+        )
     }
 }
 

@@ -1,4 +1,5 @@
-//! Runs the coordinator: store, engine, gRPC server (with health and reflection), metrics.
+//! Runs the coordinator: store, engine, gRPC server (with health and v1 and v1alpha
+//! reflection), metrics.
 
 use std::future::Future;
 use std::time::Duration;
@@ -43,11 +44,15 @@ pub async fn run(
     health
         .set_serving::<dtx_proto::v1::coordinator_server::CoordinatorServer<CoordinatorService>>()
         .await;
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(dtx_proto::v1::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1()
-        .map_err(|e| crate::Error::Corrupt(format!("reflection: {e}")))?;
+    let reflection = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(dtx_proto::v1::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    let reflection_error = |e| crate::Error::Corrupt(format!("reflection: {e}"));
+    let reflection_v1 = reflection().build_v1().map_err(reflection_error)?;
+    // Older grpcurl and grpcio-reflection clients speak only v1alpha.
+    let reflection_v1alpha = reflection().build_v1alpha().map_err(reflection_error)?;
 
     if let Some(addr) = config.metrics_listen {
         let metrics_listener = TcpListener::bind(addr).await?;
@@ -65,7 +70,8 @@ pub async fn run(
         .max_concurrent_streams(Some(MAX_STREAMS_PER_CONNECTION))
         .initial_connection_window_size(Some(CONNECTION_WINDOW))
         .add_service(health_service)
-        .add_service(reflection)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
         .add_service(CoordinatorService::new(engine.clone()))
         .serve_with_incoming_shutdown(TcpIncoming::from(listener).with_nodelay(Some(true)), stop)
         .await

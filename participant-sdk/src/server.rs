@@ -13,6 +13,7 @@
 //! | try/action after its cancel/compensate      | FAILURE (SUSPENDED)               |
 //! | handler error, database error, lock timeout | RETRY (rolled back; safe to retry)|
 //! | unknown action kind / limits exceeded       | gRPC INVALID_ARGUMENT             |
+//! | request does not decode, or is over the size limit | gRPC INVALID_ARGUMENT      |
 //! | unknown handler                             | gRPC NOT_FOUND                    |
 //! | action kind the handler does not have       | gRPC FAILED_PRECONDITION          |
 //!
@@ -46,6 +47,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
+use dtx_proto::codec::SizeGuard;
 use dtx_proto::limits::{self, LimitError};
 use dtx_proto::v1::participant_server::{Participant, ParticipantServer as WireServer};
 use dtx_proto::v1::{BranchRequest, BranchResponse, Outcome, OutcomeDetail};
@@ -170,9 +172,11 @@ impl<DB: Backend> ParticipantServer<DB> {
         self
     }
 
-    /// The tonic service, ready for `Server::builder().add_service(..)`.
-    pub fn into_service(self) -> WireServer<Self> {
-        WireServer::new(self)
+    /// The tonic service, ready for `Server::builder().add_service(..)`. It decodes requests up
+    /// to the contract's [`limits::MAX_REQUEST_BYTES`], so one over a field limit gets that
+    /// limit's message, and answers larger ones with INVALID_ARGUMENT naming the limits.
+    pub fn into_service(self) -> SizeGuard<WireServer<Self>> {
+        SizeGuard::new(WireServer::new(self).max_decoding_message_size(limits::MAX_REQUEST_BYTES))
     }
 
     /// Handles one call without gRPC (what the service does after decoding).

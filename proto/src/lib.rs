@@ -6,8 +6,11 @@
 //!   effect"), one table for the coordinator and the SDK.
 //! * [`limits`] - the input limits the contract documents, as code, so the coordinator, the
 //!   participant server and the client SDK reject the same inputs with the same messages.
+//! * [`codec`] - the codec of the generated code and the size guard of the servers, so
+//!   malformed and oversized requests are INVALID_ARGUMENT with a message saying why.
 
 pub mod answer;
+pub mod codec;
 pub mod limits;
 
 /// Generated code of package `dtx.v1`.

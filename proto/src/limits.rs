@@ -35,6 +35,23 @@ pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(10);
 /// Longest long-poll wait.
 pub const MAX_WAIT: Duration = Duration::from_secs(600);
 
+/// Largest content of a header map within the limits.
+const MAX_HEADERS_BYTES: usize = MAX_HEADERS * (MAX_HEADER_KEY_LEN + MAX_HEADER_VALUE_LEN);
+/// Largest content of one saga step within the limits: name, target, handler, both payloads,
+/// a dependency on every other step, headers.
+const MAX_STEP_BYTES: usize = MAX_BRANCH_ID_LEN
+    + MAX_TARGET_LEN
+    + MAX_HANDLER_LEN
+    + 2 * MAX_PAYLOAD_BYTES
+    + MAX_BRANCHES * MAX_BRANCH_ID_LEN
+    + MAX_HEADERS_BYTES;
+/// Largest encoded request the servers decode (about 11.5 MiB): the largest saga the limits
+/// allow (64 largest steps, saga headers) plus 1 MiB for protobuf framing. The headroom also
+/// lets a request somewhat over a field limit decode, so it gets that field's message; one over
+/// this size is refused before it is buffered, with a message naming the contract's limits.
+pub const MAX_REQUEST_BYTES: usize =
+    MAX_BRANCHES * MAX_STEP_BYTES + MAX_HEADERS_BYTES + MAX_XID_LEN + (1 << 20);
+
 /// An input outside the contract's limits. The message names the field and the limit.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
@@ -63,10 +80,10 @@ pub fn check_token(
             value.len()
         )));
     }
-    if let Some(bad) = value.bytes().find(|c| !allowed(*c)) {
+    // By character, not byte: a non-ASCII character is named as itself ('é', not 'Ã').
+    if let Some(bad) = value.chars().find(|c| !(c.is_ascii() && allowed(*c as u8))) {
         return Err(LimitError(format!(
-            "{field} contains {:?}, outside the allowed charset {charset}",
-            bad as char
+            "{field} contains {bad:?}, outside the allowed charset {charset}"
         )));
     }
     Ok(())
@@ -199,7 +216,10 @@ mod tests {
         );
         assert!(check_xid(&"x".repeat(MAX_XID_LEN)).is_ok());
         assert!(check_xid("a b").unwrap_err().0.contains("charset"));
-        assert!(check_xid("é").is_err());
+        assert_eq!(
+            check_xid("tx-é").unwrap_err().0,
+            "xid contains 'é', outside the allowed charset [A-Za-z0-9._:-]"
+        );
         assert!(check_branch_id("branch_id", &"b".repeat(65)).is_err());
         assert!(check_handler("handler", "svc/transfer").is_ok());
     }

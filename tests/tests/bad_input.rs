@@ -1,7 +1,10 @@
 //! The bad-input table: every coordinator RPC (and the participant service) gets malformed,
 //! conflicting and out-of-order input. Each row checks the gRPC code, that the message says
 //! what is wrong, and that the database is exactly as before the call: nothing partial is ever
-//! written. On SQLite, PostgreSQL and MariaDB.
+//! written. Wire edge cases too: bytes that are not the method's protobuf message, strings that
+//! are not UTF-8, and requests far over the transport's limit all answer INVALID_ARGUMENT with
+//! a message naming the problem (not INTERNAL or OUT_OF_RANGE). On SQLite, PostgreSQL and
+//! MariaDB.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -9,14 +12,80 @@ use std::time::Duration;
 use dtx_proto::v1::coordinator_client::CoordinatorClient;
 use dtx_proto::v1::participant_client::ParticipantClient;
 use dtx_proto::v1::*;
+use dtx_sdk::barrier::{HandlerError, Reply};
+use dtx_sdk::server::{BranchCall, ParticipantServer};
 use dtx_sql::SqlRow;
 use dtx_tests::db::{TestBackend, TestDb};
+use dtx_tests::net::serve;
 use dtx_tests::participant::payload;
 use dtx_tests::test_on_all_databases;
 use dtx_tests::world::{SCHEMAS, World};
 use futures::future::BoxFuture;
-use tonic::transport::Channel;
+use prost::Message;
+use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
+use tonic::transport::{Channel, Server};
 use tonic::{Code, Status};
+
+/// Sends and receives raw bytes, so a test can put anything on the wire.
+#[derive(Default)]
+struct RawCodec;
+
+impl Codec for RawCodec {
+    type Encode = Vec<u8>;
+    type Decode = Vec<u8>;
+    type Encoder = RawCodec;
+    type Decoder = RawCodec;
+    fn encoder(&mut self) -> RawCodec {
+        RawCodec
+    }
+    fn decoder(&mut self) -> RawCodec {
+        RawCodec
+    }
+}
+
+impl Encoder for RawCodec {
+    type Item = Vec<u8>;
+    type Error = Status;
+    fn encode(&mut self, item: Vec<u8>, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
+        prost::bytes::BufMut::put_slice(dst, &item);
+        Ok(())
+    }
+}
+
+impl Decoder for RawCodec {
+    type Item = Vec<u8>;
+    type Error = Status;
+    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<Vec<u8>>, Status> {
+        let n = prost::bytes::Buf::remaining(src);
+        Ok(Some(prost::bytes::Buf::copy_to_bytes(src, n).to_vec()))
+    }
+}
+
+/// Calls `path` (`/dtx.v1.Coordinator/Begin`) with `body` as the whole request message.
+async fn raw_call(channel: Channel, path: &'static str, body: Vec<u8>) -> Result<(), Status> {
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready()
+        .await
+        .map_err(|e| Status::unavailable(e.to_string()))?;
+    grpc.unary(
+        tonic::Request::new(body),
+        tonic::codegen::http::uri::PathAndQuery::from_static(path),
+        RawCodec,
+    )
+    .await
+    .map(|_| ())
+}
+
+/// Not protobuf at all: a field key whose varint never ends.
+const NOT_PROTOBUF: [u8; 12] = [0xff; 12];
+/// Field 1 (a string in every request) holding bytes that are not UTF-8.
+const NOT_UTF8: [u8; 4] = [0x0a, 0x02, 0xc3, 0x28];
+/// 20 MiB: far over the largest request the contract allows.
+const HUGE: usize = 20 << 20;
+
+fn ok_handler<C>(_: &mut C, _: BranchCall) -> BoxFuture<'_, Result<Reply, HandlerError>> {
+    Box::pin(async { Ok(Reply::ok()) })
+}
 
 /// Every row of the coordinator's tables, as text (updated_ms included: any write shows).
 async fn snapshot<DB: TestBackend>(db: &TestDb<DB>) -> Vec<String> {
@@ -91,7 +160,7 @@ async fn malformed_and_conflicting_input_is_rejected_without_writing<DB: TestBac
         .connect()
         .await
         .unwrap();
-    let c = CoordinatorClient::new(channel).max_decoding_message_size(64 << 20);
+    let c = CoordinatorClient::new(channel.clone()).max_decoding_message_size(64 << 20);
 
     // Fixtures: an open TCC transaction with one branch, a committed one, a rolled-back one
     // (all three settled before the table runs), and a finished saga.
@@ -191,6 +260,56 @@ async fn malformed_and_conflicting_input_is_rejected_without_writing<DB: TestBac
         AlreadyExists,
         "already used",
         begin(begin("saga"))
+    );
+    case!(
+        "begin: a non-ASCII xid names the character",
+        InvalidArgument,
+        "contains 'é'",
+        begin(begin("tx-é"))
+    );
+    // Wire edge cases: the request does not decode, or is far over the transport limit.
+    let raw_rows: [(&str, &'static str, Vec<u8>, &str); 3] = [
+        (
+            "begin: not protobuf",
+            "/dtx.v1.Coordinator/Begin",
+            NOT_PROTOBUF.to_vec(),
+            "not a valid dtx.v1.BeginRequest",
+        ),
+        (
+            "begin: xid not UTF-8",
+            "/dtx.v1.Coordinator/Begin",
+            NOT_UTF8.to_vec(),
+            "UTF-8",
+        ),
+        (
+            // Field 1 of a BranchResponse is a varint, of a BeginRequest a string.
+            "begin: another message type",
+            "/dtx.v1.Coordinator/Begin",
+            BranchResponse {
+                outcome: Outcome::Success as i32,
+                ..Default::default()
+            }
+            .encode_to_vec(),
+            "not a valid dtx.v1.BeginRequest",
+        ),
+    ];
+    for (name, path, body, needle) in raw_rows {
+        assert!(BeginRequest::decode(&body[..]).is_err(), "{name} decodes");
+        cases.push((
+            name,
+            Box::pin(raw_call(channel.clone(), path, body)),
+            InvalidArgument,
+            needle,
+        ));
+    }
+    case!(
+        "register: a 20 MiB payload names the contract limit",
+        InvalidArgument,
+        "65536",
+        register_branch(RegisterBranchRequest {
+            payload: vec![0; HUGE],
+            ..branch("open", "b2", &bank)
+        })
     );
     // RegisterBranch
     case!(
@@ -551,6 +670,76 @@ async fn malformed_and_conflicting_input_is_rejected_without_writing<DB: TestBac
         );
         checked += 1;
     }
+    // Wire edge cases on the participant service: the test bank and the SDK's own server
+    // (whose decoding limit comes from the contract, as the coordinator's does).
+    let sdk = ParticipantServer::new(db.pool.clone()).tcc(
+        "transfer",
+        ok_handler::<DB::Conn>,
+        ok_handler::<DB::Conn>,
+        ok_handler::<DB::Conn>,
+    );
+    let sdk_server = serve(Server::builder().add_service(sdk.into_service())).await;
+    let mut wire_cases: Vec<(String, Call, &str)> = Vec::new();
+    for (server, url) in [("bank", bank.clone()), ("sdk", sdk_server.url())] {
+        let channel = Channel::from_shared(url).unwrap().connect().await.unwrap();
+        let wrong_type = BranchResponse {
+            outcome: Outcome::Success as i32,
+            ..Default::default()
+        }
+        .encode_to_vec();
+        for (row, body, needle) in [
+            (
+                "not protobuf",
+                NOT_PROTOBUF.to_vec(),
+                "not a valid dtx.v1.BranchRequest",
+            ),
+            ("xid not UTF-8", NOT_UTF8.to_vec(), "UTF-8"),
+            (
+                "another message type",
+                wrong_type,
+                "not a valid dtx.v1.BranchRequest",
+            ),
+        ] {
+            assert!(BranchRequest::decode(&body[..]).is_err(), "{row} decodes");
+            let call = raw_call(channel.clone(), "/dtx.v1.Participant/Branch", body);
+            wire_cases.push((
+                format!("participant ({server}): {row}"),
+                Box::pin(call),
+                needle,
+            ));
+        }
+    }
+    let mut client = ParticipantClient::new(
+        Channel::from_shared(sdk_server.url())
+            .unwrap()
+            .connect()
+            .await
+            .unwrap(),
+    );
+    for (row, size) in [("5 MiB payload", 5 << 20), ("20 MiB payload", HUGE)] {
+        let (mut client, request) = (client.clone(), call(1, "transfer", vec![0; size]));
+        let call = async move { ignore(client.branch(request).await) };
+        wire_cases.push((format!("participant (sdk): {row}"), Box::pin(call), "65536"));
+    }
+    for (name, call, needle) in wire_cases {
+        let status = call.await.expect_err(&name);
+        assert_eq!(status.code(), InvalidArgument, "{name}: {status:?}");
+        assert!(
+            status.message().contains(needle),
+            "{name}: {:?} lacks {needle:?}",
+            status.message()
+        );
+        assert_eq!(
+            dtx_tests::ledger::barrier_rows(&db.pool, "px", "b1").await,
+            0,
+            "{name}"
+        );
+        checked += 1;
+    }
+    client
+        .branch(call(1, "transfer", vec![0; 16]))
+        .await
+        .expect("the SDK server still serves a well-formed call");
     // Idempotent repeats are accepted and change nothing either.
     let mut cl = c.clone();
     cl.begin(begin("open")).await.unwrap();

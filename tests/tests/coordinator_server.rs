@@ -1,7 +1,7 @@
-//! The coordinator as a service: gRPC health and reflection answer, SIGTERM shuts a process
-//! down gracefully - in-flight calls finish and its transactions are handed back to the store,
-//! so another process continues them at once instead of after the lease - and a burst of
-//! thousands of calls on one client connection is served.
+//! The coordinator as a service: gRPC health and reflection (v1 and v1alpha) answer, SIGTERM
+//! shuts a process down gracefully - in-flight calls finish and its transactions are handed
+//! back to the store, so another process continues them at once instead of after the lease -
+//! and a burst of thousands of calls on one client connection is served.
 
 use std::time::{Duration, Instant};
 
@@ -47,7 +47,7 @@ async fn health_and_reflection_answer() {
                 .into_inner();
             assert_eq!(health.status(), ServingStatus::Serving);
 
-            let mut reflection = ServerReflectionClient::new(channel);
+            let mut reflection = ServerReflectionClient::new(channel.clone());
             let request = ServerReflectionRequest {
                 host: String::new(),
                 message_request: Some(MessageRequest::ListServices(String::new())),
@@ -70,6 +70,36 @@ async fn health_and_reflection_answer() {
             );
             assert!(
                 names.contains(&"dtx.v1.Participant".to_string()),
+                "{names:?}"
+            );
+
+            // v1alpha too: older grpcurl and grpcio-reflection clients speak only that.
+            use tonic_reflection::pb::v1alpha;
+            let mut reflection =
+                v1alpha::server_reflection_client::ServerReflectionClient::new(channel);
+            let request = v1alpha::ServerReflectionRequest {
+                host: String::new(),
+                message_request: Some(
+                    v1alpha::server_reflection_request::MessageRequest::ListServices(String::new()),
+                ),
+            };
+            let mut answers = reflection
+                .server_reflection_info(futures::stream::iter([request]))
+                .await
+                .expect("v1alpha reflection is served")
+                .into_inner();
+            let Some(Ok(answer)) = answers.next().await else {
+                panic!("no v1alpha reflection answer")
+            };
+            let Some(v1alpha::server_reflection_response::MessageResponse::ListServicesResponse(
+                list,
+            )) = answer.message_response
+            else {
+                panic!("{answer:?}")
+            };
+            let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
+            assert!(
+                names.contains(&"dtx.v1.Coordinator".to_string()),
                 "{names:?}"
             );
             coordinator.stop().await;

@@ -58,7 +58,8 @@ fn request_key(headers: &HeaderMap) -> String {
 }
 
 /// POST /orders `{"amount": n}`: 201 + Location + `{"id", "amount"}`. `amount < 0` is a final
-/// 422, `"busy"` a retryable 503, `"crash"` a 500 (unknown), `"slow"` waits at the gate.
+/// 422, `"busy"` a retryable 503, `"crash"` a 500 (unknown), `"slow"` waits at the gate,
+/// `"sleep_ms"` sleeps that long.
 async fn create_order<DB: TestBackend>(
     State(app): State<App<DB>>,
     headers: HeaderMap,
@@ -80,6 +81,10 @@ async fn create_order<DB: TestBackend>(
         app.entered.notify_one();
         app.gate.acquire().await.expect("gate").forget();
     }
+    if let Some(ms) = request["sleep_ms"].as_u64() {
+        app.entered.notify_one();
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
     let id = insert_order_committed(&app.pool, &request_key(&headers), amount).await;
     let location = format!("/orders/{id}");
     let body = Json(json!({"id": id, "amount": amount}));
@@ -91,6 +96,13 @@ async fn count_orders() -> &'static str {
 }
 
 async fn start<DB: TestBackend>(db: &'static TestDb<DB>) -> (HttpServer, App<DB>) {
+    start_with(db, Idempotency::new(db.pool.clone())).await
+}
+
+async fn start_with<DB: TestBackend>(
+    db: &'static TestDb<DB>,
+    store: Idempotency<DB>,
+) -> (HttpServer, App<DB>) {
     create_tables(&db.pool).await;
     let app = App {
         pool: db.pool.clone(),
@@ -99,7 +111,7 @@ async fn start<DB: TestBackend>(db: &'static TestDb<DB>) -> (HttpServer, App<DB>
         gate: Arc::new(Semaphore::new(0)),
     };
     // The tenant would come from authentication; here a header stands in for it.
-    let layer = IdempotencyLayer::new(Idempotency::new(db.pool.clone()), "order.create")
+    let layer = IdempotencyLayer::new(store, "order.create")
         .unwrap()
         .tenant(|parts| {
             parts
@@ -305,3 +317,44 @@ async fn failures_are_replayed_retried_or_held_by_class<DB: TestBackend>(db: &'s
     assert_eq!(app.runs.load(SeqCst), 4);
 }
 test_on_all_databases!(failures_are_replayed_retried_or_held_by_class, SCHEMAS);
+
+/// A handler that outlives its lease while alive keeps the record: the layer renews the lease
+/// (every third of it) for as long as the handler runs, so a repeat is told "in progress" instead
+/// of taking the record over, and the handler's 201 is what every later repeat gets.
+async fn a_live_handler_keeps_its_lease<DB: TestBackend>(db: &'static TestDb<DB>) {
+    let store = Idempotency::new(db.pool.clone()).lease(Duration::from_secs(1));
+    let (server, app) = start_with(db, store).await;
+    let server = Arc::new(server);
+    let body = r#"{"amount": 7, "sleep_ms": 1700}"#;
+    let started = tokio::time::Instant::now();
+    let first = {
+        let server = server.clone();
+        tokio::spawn(async move { post(&server, "t1", Some("long-1"), body).await })
+    };
+    tokio::time::timeout(Duration::from_secs(10), app.entered.notified())
+        .await
+        .expect("the first request reaches the handler");
+
+    // Past the 1 s lease, while the handler still runs.
+    tokio::time::sleep_until(started + Duration::from_millis(1200)).await;
+    let repeat = post(&server, "t1", Some("long-1"), body).await;
+    assert_eq!(repeat.status, 202, "{repeat:?}");
+    assert_eq!(
+        repeat.problem_title(),
+        "A request with this Idempotency-Key is being processed"
+    );
+
+    let first = first.await.unwrap();
+    assert_eq!((first.status, first.replayed), (201, false), "{first:?}");
+    for _ in 0..2 {
+        let later = post(&server, "t1", Some("long-1"), body).await;
+        assert_eq!((later.status, later.replayed), (201, true), "{later:?}");
+        assert_eq!(
+            (&later.body, &later.location),
+            (&first.body, &first.location)
+        );
+    }
+    assert_eq!(app.runs.load(SeqCst), 1);
+    assert_eq!(orders_for(&db.pool, "t1/long-1").await, 1);
+}
+test_on_all_databases!(a_live_handler_keeps_its_lease, SCHEMAS);

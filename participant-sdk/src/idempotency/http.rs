@@ -48,8 +48,11 @@
 //! established ([`IdempotencyLayer::tenant`]), so two clients' equal keys never meet. Run
 //! authentication before this layer, so anonymous traffic cannot fill the table.
 //!
-//! A client that disconnects mid-request drops the handler future; the record then stays
-//! PROCESSING until its lease expires and the fact check runs - exactly like a crash.
+//! While the handler runs, the layer renews the lease every third of it
+//! ([`super::Lease::keep_alive`]), so a slow handler keeps its record and repeats get 202 until
+//! it answers. A client that disconnects mid-request drops the handler future and with it the
+//! renewal; the record then stays PROCESSING until its lease expires and the fact check runs -
+//! exactly like a crash.
 
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -364,15 +367,22 @@ where
         }
     };
     // If the inner service fails as a service (not with an HTTP error response), the outcome
-    // is unknown: the lease stays and the fact check decides once it expires.
-    let response = inner
-        .call(Request::from_parts(parts, ReqBody::from(bytes)))
+    // is unknown: the lease stays and the fact check decides once it expires. While the
+    // handler (and its response body) is alive, the lease is renewed.
+    let produced = lease
+        .keep_alive(async {
+            let response = inner
+                .call(Request::from_parts(parts, ReqBody::from(bytes)))
+                .await?;
+            let (head, body) = response.into_parts();
+            let collected = body.collect().await.map_err(Into::<BoxError>::into);
+            Ok((head, collected))
+        })
         .await?;
-    let (mut head, body) = response.into_parts();
-    let body = match body.collect().await {
+    let (mut head, collected) = produced;
+    let body = match collected {
         Ok(collected) => collected.to_bytes(),
         Err(e) => {
-            let e: BoxError = e.into();
             tracing::warn!(error = %e, scope = key.scope(), "response body failed; outcome unknown");
             return Ok(problem(
                 StatusCode::BAD_GATEWAY,

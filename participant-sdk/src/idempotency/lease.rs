@@ -59,6 +59,47 @@ impl<DB: Backend> Lease<DB> {
         if owned { Ok(()) } else { Err(Error::LeaseLost) }
     }
 
+    /// Runs `work` while renewing the lease every third of it, so only a dead owner (crashed,
+    /// its future dropped, its runtime stalled past a lease) loses the record; a slow but live
+    /// one keeps it, and repeats are told "in progress" instead of taking it over. Work that
+    /// may wait forever needs its own timeout: while its future lives, the lease does too. The one renewal loop
+    /// of lease mode: [`Idempotency::run_with_lease`] and the HTTP layer both use it. If the
+    /// lease is lost anyway (a renewal came too late), renewing stops and `work` still finishes;
+    /// [`Lease::complete`] then refuses. A failed renewal (database hiccup) is tried again at
+    /// the next tick.
+    pub async fn keep_alive<F: Future>(&self, work: F) -> F::Output {
+        let period = (self.store.lease / 3).max(std::time::Duration::from_millis(1));
+        let renewing = async {
+            let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                ticker.tick().await;
+                match self.renew().await {
+                    Ok(()) => {}
+                    Err(Error::LeaseLost) => {
+                        tracing::warn!(
+                            scope = self.key.scope(),
+                            key = %self.key.fingerprint(),
+                            "lease lost while the work was still running"
+                        );
+                        return;
+                    }
+                    Err(e) => tracing::warn!(
+                        error = %e,
+                        scope = self.key.scope(),
+                        "lease renewal failed; trying again"
+                    ),
+                }
+            }
+        };
+        tokio::pin!(work);
+        tokio::select! {
+            output = &mut work => return output,
+            () = renewing => {}
+        }
+        work.await
+    }
+
     pub(super) fn into_token(self) -> String {
         self.token
     }
@@ -160,9 +201,10 @@ impl<DB: Backend> Idempotency<DB> {
         }
     }
 
-    /// Claims, runs `business` if this request owns the key, and completes. An `Err` from the
-    /// business counts as [`Completion::Unknown`]: work outside a database transaction that
-    /// failed half-way may have had its effect.
+    /// Claims, runs `business` if this request owns the key (renewing the lease while it runs,
+    /// see [`Lease::keep_alive`]), and completes. An `Err` from the business counts as
+    /// [`Completion::Unknown`]: work outside a database transaction that failed half-way may
+    /// have had its effect.
     pub async fn run_with_lease<F, Fut>(
         &self,
         key: &Key,
@@ -176,7 +218,8 @@ impl<DB: Backend> Idempotency<DB> {
         match self.claim(key, hash).await? {
             Claim::Answered(answer) => Ok(answer),
             Claim::Owned(lease) => {
-                let completion = business()
+                let completion = lease
+                    .keep_alive(business())
                     .await
                     .unwrap_or_else(|e| Completion::Unknown(e.to_string()));
                 lease.complete(completion).await

@@ -23,8 +23,9 @@
 //!   first one's key and then get its committed result.
 //! * **Lease** ([`Idempotency::claim`] / [`Lease::complete`], or [`Idempotency::run_with_lease`]):
 //!   a short claim transaction with a random owner token and a lease, the business work
-//!   anywhere (remote calls, other databases; long work heartbeats with [`Lease::renew`]), then
-//!   a completion fenced on `owner_token = ? AND status = 'PROCESSING'`. A repeat during a live lease gets
+//!   anywhere (remote calls, other databases; [`Lease::keep_alive`] renews the lease while it
+//!   runs, so only a dead or hung owner loses it), then a completion fenced on
+//!   `owner_token = ? AND status = 'PROCESSING'`. A repeat during a live lease gets
 //!   [`Answer::InProgress`] (or waits up to [`Idempotency::wait`]). After the lease expired the
 //!   next request does *not* run again blindly: it takes the record over (fencing the stale
 //!   owner out) and asks the [fact check](Idempotency::fact_check) whether the effect happened.
