@@ -11,6 +11,8 @@
 //! | repeat                                      | stored first answer (DUPLICATE)   |
 //! | cancel/compensate first                     | SUCCESS (EMPTY_ROLLBACK)          |
 //! | try/action after its cancel/compensate      | FAILURE (SUSPENDED)               |
+//! | cancel after confirm, confirm after cancel  | FAILURE (CONFLICT), reason        |
+//! | try/action repeated with another request    | FAILURE (CONFLICT), reason        |
 //! | handler error, database error, lock timeout | RETRY (rolled back; safe to retry)|
 //! | unknown action kind / limits exceeded       | gRPC INVALID_ARGUMENT             |
 //! | request does not decode, or is over the size limit | gRPC INVALID_ARGUMENT      |
@@ -58,6 +60,7 @@ use tonic::{Request, Response, Status};
 
 use crate::Error;
 use crate::barrier::{self, Action, Answer, BranchKey, Detail, HandlerError, Reply};
+use crate::idempotency::RequestHash;
 
 /// One branch call as a handler sees it.
 #[derive(Debug, Clone)]
@@ -247,7 +250,10 @@ impl<DB: Backend> ParticipantServer<DB> {
         handler: &Handler<DB::Conn>,
         call: &BranchCall,
     ) -> Result<Answer, Error> {
-        let key = BranchKey::new(&call.xid, &call.branch_id, call.action)?;
+        // The handler name is part of the request: the same ids sent to another handler are a
+        // different call. Headers are not (trace ids differ per attempt).
+        let request = RequestHash::of_parts(&[call.handler.as_bytes(), &call.payload]);
+        let key = BranchKey::new(&call.xid, &call.branch_id, call.action)?.with_request(request);
         let mut tx = DB::begin(&self.pool).await?;
         let conn = DB::conn(&mut tx);
         let handler = handler.clone();
@@ -284,6 +290,7 @@ fn to_wire(answer: Answer) -> BranchResponse {
         Detail::Suspended => OutcomeDetail::Suspended,
         Detail::NothingToUndo => OutcomeDetail::NothingToUndo,
         Detail::OutOfOrder => OutcomeDetail::OutOfOrder,
+        Detail::Conflict => OutcomeDetail::Conflict,
     };
     let (outcome, result) = match answer.reply {
         Reply::Success(result) => (Outcome::Success, result),

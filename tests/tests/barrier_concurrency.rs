@@ -215,3 +215,69 @@ where
     );
 }
 test_on_all_databases!(plain_server_handles_calls, SCHEMAS);
+
+/// 50 Confirms and Cancels of one branch at once, in rounds: the phase-two slot lets exactly one
+/// closure run; every call of the winning op succeeds, every call of the other one is refused.
+async fn fifty_concurrent_mixed_confirms_and_cancels_decide_once<DB: TestBackend>(
+    db: &'static TestDb<DB>,
+) where
+    DB::Conn: 'static,
+{
+    let bank = setup(db).await;
+    for round in 0..4 {
+        let xid = format!("mixed-{round}");
+        let tried = send(&bank, request(&xid, "b1", BranchAction::Try, "transfer")).await;
+        assert_eq!(tried.outcome(), Outcome::Success);
+        let calls = (0..50).map(|i| {
+            let action = if i % 2 == 0 {
+                BranchAction::Confirm
+            } else {
+                BranchAction::Cancel
+            };
+            let bank = bank.clone();
+            let req = request(&xid, "b1", action, "transfer");
+            tokio::spawn(async move { (action, send(&bank, req).await) })
+        });
+        let answers: Vec<_> = join_all(calls)
+            .await
+            .into_iter()
+            .map(|r| r.unwrap())
+            .collect();
+        let executed: Vec<_> = answers
+            .iter()
+            .filter(|(_, a)| a.detail() == OutcomeDetail::Executed)
+            .collect();
+        assert_eq!(executed.len(), 1, "round {round}: {answers:?}");
+        let winner = executed[0].0;
+        for (action, answer) in &answers {
+            if *action == winner {
+                assert_eq!(
+                    answer.outcome(),
+                    Outcome::Success,
+                    "round {round}: {answer:?}"
+                );
+            } else {
+                assert_eq!(
+                    (answer.outcome(), answer.detail()),
+                    (Outcome::Failure, OutcomeDetail::Conflict),
+                    "round {round}: {answer:?}"
+                );
+                assert!(answer.message.contains("refused"), "{}", answer.message);
+            }
+        }
+        let confirms = ledger::effects(&db.pool, &xid, "b1", "confirm").await;
+        let cancels = ledger::effects(&db.pool, &xid, "b1", "cancel").await;
+        let expected = if winner == BranchAction::Confirm {
+            (1, 0)
+        } else {
+            (0, 1)
+        };
+        assert_eq!((confirms, cancels), expected, "round {round}");
+    }
+    let (_, held) = ledger::account(&db.pool, "acct").await;
+    assert_eq!(held, 0, "every hold released once, by one op");
+}
+test_on_all_databases!(
+    fifty_concurrent_mixed_confirms_and_cancels_decide_once,
+    SCHEMAS
+);

@@ -1,15 +1,19 @@
 //! Property test: random sequences of branch calls (try/confirm/cancel on a TCC branch,
 //! action/compensate on a saga step), with duplicates, reorderings, refusals and handler errors,
 //! run through the real barrier and compared call by call with a small reference model - the
-//! answer, the detail, the replayed result, and the business ledger afterwards.
+//! answer, the detail, the replayed result, and the business ledger afterwards. Each call
+//! carries one of two requests; the model knows that phase two is one-way (Confirm and Cancel
+//! of one branch exclude each other) and that a Try/Action repeated with the other request is a
+//! conflict.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use dtx_sdk::barrier::{Action, Answer, Detail, Reply};
 use dtx_sql::Schema;
+use dtx_tests::barrier::call;
 use dtx_tests::db::{TestBackend, TestDb};
 use dtx_tests::ledger;
-use dtx_tests::participant::{Behave, direct};
+use dtx_tests::participant::Behave;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 
@@ -20,6 +24,7 @@ enum Forward {
     Ran {
         ok: bool,
         result: Vec<u8>,
+        request: u8,
     },
     /// Claimed by a Cancel/Compensate that came first.
     Blocked,
@@ -28,7 +33,8 @@ enum Forward {
 #[derive(Debug, Clone)]
 struct Branch {
     forward: Forward,
-    confirmed: bool,
+    /// The TCC decision that holds the phase-two slot.
+    decided: Option<Action>,
     undone: bool,
 }
 
@@ -57,7 +63,7 @@ impl Model {
     fn new() -> Self {
         let fresh = Branch {
             forward: Forward::Absent,
-            confirmed: false,
+            decided: None,
             undone: false,
         };
         Model {
@@ -74,7 +80,7 @@ impl Model {
         self.held += held;
     }
 
-    fn step(&mut self, action: Action, behave: Behave, tag: &str) -> Expected {
+    fn step(&mut self, action: Action, behave: Behave, tag: &str, request: u8) -> Expected {
         let is_tcc = matches!(action, Action::Try | Action::Confirm | Action::Cancel);
         let mut branch = if is_tcc {
             self.tcc.clone()
@@ -89,6 +95,7 @@ impl Model {
                         branch.forward = Forward::Ran {
                             ok: true,
                             result: result.clone(),
+                            request,
                         };
                         self.apply(action);
                         Ok((true, Detail::Executed, Some(result)))
@@ -98,23 +105,31 @@ impl Model {
                         branch.forward = Forward::Ran {
                             ok: false,
                             result: result.clone(),
+                            request,
                         };
                         Ok((false, Detail::Executed, Some(result)))
                     }
                     Behave::Error => Err(()),
                 },
-                Forward::Ran { ok, result } => Ok((*ok, Detail::Duplicate, Some(result.clone()))),
+                Forward::Ran { request: first, .. } if *first != request => {
+                    Ok((false, Detail::Conflict, None))
+                }
+                Forward::Ran { ok, result, .. } => {
+                    Ok((*ok, Detail::Duplicate, Some(result.clone())))
+                }
                 Forward::Blocked => Ok((false, Detail::Suspended, None)),
             },
             Action::Confirm => {
-                if branch.confirmed {
+                if branch.decided == Some(Action::Confirm) {
                     Ok((true, Detail::Duplicate, None))
+                } else if branch.decided == Some(Action::Cancel) {
+                    Ok((false, Detail::Conflict, None))
                 } else if !matches!(branch.forward, Forward::Ran { ok: true, .. }) {
                     Ok((false, Detail::OutOfOrder, None))
                 } else {
                     match behave {
                         Behave::Ok => {
-                            branch.confirmed = true;
+                            branch.decided = Some(Action::Confirm);
                             self.apply(action);
                             Ok((true, Detail::Executed, None))
                         }
@@ -122,6 +137,9 @@ impl Model {
                         Behave::Error => Err(()),
                     }
                 }
+            }
+            Action::Cancel if branch.decided == Some(Action::Confirm) => {
+                Ok((false, Detail::Conflict, None))
             }
             Action::Cancel | Action::Compensate => match (&branch.forward, branch.undone) {
                 (Forward::Absent, _) => {
@@ -146,6 +164,9 @@ impl Model {
                 (Forward::Blocked, false) => unreachable!("a blocked row is written with its undo"),
             },
         };
+        if action == Action::Cancel && branch.undone {
+            branch.decided = Some(Action::Cancel);
+        }
         if is_tcc {
             self.tcc = branch;
         } else {
@@ -155,7 +176,7 @@ impl Model {
     }
 }
 
-fn call_strategy() -> impl Strategy<Value = (Action, Behave)> {
+fn call_strategy() -> impl Strategy<Value = (Action, Behave, u8)> {
     let action = prop_oneof![
         Just(Action::Try),
         Just(Action::Confirm),
@@ -166,7 +187,9 @@ fn call_strategy() -> impl Strategy<Value = (Action, Behave)> {
     // Mostly well-behaved handlers, so sequences get past the first call.
     let behave =
         prop_oneof![6 => Just(Behave::Ok), 1 => Just(Behave::Refuse), 1 => Just(Behave::Error)];
-    (action, behave)
+    // Mostly the first request, so repeats are mostly true repeats.
+    let request = prop_oneof![4 => Just(0u8), 1 => Just(1u8)];
+    (action, behave, request)
 }
 
 fn observed(answer: &Result<Answer, dtx_sdk::Error>) -> Result<(bool, Detail, Vec<u8>), ()> {
@@ -185,22 +208,23 @@ fn observed(answer: &Result<Answer, dtx_sdk::Error>) -> Result<(bool, Detail, Ve
 async fn check<DB: TestBackend>(
     db: &TestDb<DB>,
     xid: &str,
-    calls: Vec<(Action, Behave)>,
+    calls: Vec<(Action, Behave, u8)>,
 ) -> Result<(), TestCaseError>
 where
     DB::Conn: 'static,
 {
     let (start_balance, start_held) = ledger::account(&db.pool, "acct").await;
     let mut model = Model::new();
-    for (i, (action, behave)) in calls.iter().copied().enumerate() {
+    for (i, (action, behave, request)) in calls.iter().copied().enumerate() {
         let branch = if matches!(action, Action::Try | Action::Confirm | Action::Cancel) {
             "tcc"
         } else {
             "saga"
         };
         let tag = i.to_string();
-        let expected = model.step(action, behave, &tag);
-        let answer = direct(&db.pool, xid, branch, action, behave, &tag).await;
+        let expected = model.step(action, behave, &tag, request);
+        let body = [b'r', request];
+        let answer = call(&db.pool, xid, branch, action, behave, &tag, Some(&body)).await;
         let got = observed(&answer);
         match (&expected, &got) {
             (Err(()), Err(())) => {}

@@ -7,7 +7,8 @@
 
 use dtx_sdk::Error;
 use dtx_sdk::barrier::{Action, Detail, Reply};
-use dtx_sql::Schema;
+use dtx_sql::{Dialect, Schema};
+use dtx_tests::barrier;
 use dtx_tests::db::{TestBackend, TestDb};
 use dtx_tests::participant::{Behave, direct};
 use dtx_tests::{ledger, test_on_all_databases};
@@ -281,3 +282,232 @@ async fn ids_are_case_sensitive<DB: TestBackend>(db: &'static TestDb<DB>) {
     assert_eq!(ledger::account(&db.pool, "acct").await, (80, 20));
 }
 test_on_all_databases!(ids_are_case_sensitive, SCHEMAS);
+
+fn conflict(answer: &dtx_sdk::barrier::Answer, needle: &str) {
+    assert_eq!(answer.detail, Detail::Conflict, "{answer:?}");
+    assert!(matches!(answer.reply, Reply::Failure(_)), "{answer:?}");
+    assert!(
+        text(&answer.reply).contains(needle),
+        "{}",
+        text(&answer.reply)
+    );
+}
+
+async fn cancel_after_confirm_is_a_conflict_and_runs_nothing<DB: TestBackend>(
+    db: &'static TestDb<DB>,
+) {
+    setup(db).await;
+    direct(&db.pool, "x1", "b1", Action::Try, Behave::Ok, "t")
+        .await
+        .unwrap();
+    direct(&db.pool, "x1", "b1", Action::Confirm, Behave::Ok, "c")
+        .await
+        .unwrap();
+    for _ in 0..2 {
+        let cancel = direct(&db.pool, "x1", "b1", Action::Cancel, Behave::Ok, "k")
+            .await
+            .unwrap();
+        conflict(
+            &cancel,
+            "cancel refused: branch x1/b1 was already confirmed",
+        );
+    }
+    // Repeats of the op that ran stay quiet successes, before and after a conflict.
+    let again = direct(&db.pool, "x1", "b1", Action::Confirm, Behave::Ok, "c")
+        .await
+        .unwrap();
+    assert_eq!(
+        (again.is_success(), again.detail),
+        (true, Detail::Duplicate)
+    );
+    assert_eq!(ledger::effects(&db.pool, "x1", "b1", "cancel").await, 0);
+    assert_eq!(ledger::effects(&db.pool, "x1", "b1", "confirm").await, 1);
+    assert_eq!(ledger::account(&db.pool, "acct").await, (90, 0));
+
+    // A saga's compensation after its action is the normal path, not a conflict.
+    direct(&db.pool, "x2", "s1", Action::Action, Behave::Ok, "a")
+        .await
+        .unwrap();
+    let comp = direct(&db.pool, "x2", "s1", Action::Compensate, Behave::Ok, "c")
+        .await
+        .unwrap();
+    assert_eq!((comp.is_success(), comp.detail), (true, Detail::Executed));
+    assert_eq!(ledger::account(&db.pool, "acct").await, (90, 0));
+}
+test_on_all_databases!(cancel_after_confirm_is_a_conflict_and_runs_nothing, SCHEMAS);
+
+async fn confirm_after_cancel_is_a_conflict_and_runs_nothing<DB: TestBackend>(
+    db: &'static TestDb<DB>,
+) {
+    setup(db).await;
+    direct(&db.pool, "x1", "b1", Action::Try, Behave::Ok, "t")
+        .await
+        .unwrap();
+    direct(&db.pool, "x1", "b1", Action::Cancel, Behave::Ok, "k")
+        .await
+        .unwrap();
+    let confirm = direct(&db.pool, "x1", "b1", Action::Confirm, Behave::Ok, "c")
+        .await
+        .unwrap();
+    conflict(
+        &confirm,
+        "confirm refused: branch x1/b1 was already cancelled",
+    );
+    let again = direct(&db.pool, "x1", "b1", Action::Cancel, Behave::Ok, "k")
+        .await
+        .unwrap();
+    assert_eq!(
+        (again.is_success(), again.detail),
+        (true, Detail::Duplicate)
+    );
+    assert_eq!(ledger::effects(&db.pool, "x1", "b1", "confirm").await, 0);
+    assert_eq!(ledger::effects(&db.pool, "x1", "b1", "cancel").await, 1);
+    assert_eq!(ledger::account(&db.pool, "acct").await, (100, 0));
+}
+test_on_all_databases!(confirm_after_cancel_is_a_conflict_and_runs_nothing, SCHEMAS);
+
+async fn confirm_after_an_empty_rollback_is_a_conflict<DB: TestBackend>(db: &'static TestDb<DB>) {
+    setup(db).await;
+    let empty = direct(&db.pool, "x1", "b1", Action::Cancel, Behave::Ok, "k")
+        .await
+        .unwrap();
+    assert_eq!(empty.detail, Detail::EmptyRollback);
+    let confirm = direct(&db.pool, "x1", "b1", Action::Confirm, Behave::Ok, "c")
+        .await
+        .unwrap();
+    conflict(
+        &confirm,
+        "confirm refused: branch x1/b1 was already cancelled",
+    );
+    // The same after a Cancel of a refused Try (nothing to undo, but decided).
+    direct(&db.pool, "x2", "b1", Action::Try, Behave::Refuse, "no")
+        .await
+        .unwrap();
+    direct(&db.pool, "x2", "b1", Action::Cancel, Behave::Ok, "k")
+        .await
+        .unwrap();
+    let confirm = direct(&db.pool, "x2", "b1", Action::Confirm, Behave::Ok, "c")
+        .await
+        .unwrap();
+    conflict(
+        &confirm,
+        "confirm refused: branch x2/b1 was already cancelled",
+    );
+    assert_eq!(ledger::effects(&db.pool, "x1", "b1", "confirm").await, 0);
+    assert_eq!(ledger::effects(&db.pool, "x2", "b1", "confirm").await, 0);
+    assert_eq!(ledger::account(&db.pool, "acct").await, (100, 0));
+}
+test_on_all_databases!(confirm_after_an_empty_rollback_is_a_conflict, SCHEMAS);
+
+async fn a_try_repeated_with_another_request_is_a_conflict<DB: TestBackend>(
+    db: &'static TestDb<DB>,
+) {
+    setup(db).await;
+    for (xid, branch, action) in [("x1", "b1", Action::Try), ("x2", "s1", Action::Action)] {
+        let first = barrier::call(&db.pool, xid, branch, action, Behave::Ok, "1", Some(b"a"))
+            .await
+            .unwrap();
+        assert_eq!(first.detail, Detail::Executed);
+        let other = barrier::call(&db.pool, xid, branch, action, Behave::Ok, "2", Some(b"b"))
+            .await
+            .unwrap();
+        conflict(
+            &other,
+            &format!("{action} refused: branch {xid}/{branch} was tried with a different request"),
+        );
+        let same = barrier::call(&db.pool, xid, branch, action, Behave::Ok, "3", Some(b"a"))
+            .await
+            .unwrap();
+        assert_eq!(same.detail, Detail::Duplicate);
+        assert_eq!(
+            same.reply,
+            Reply::Success(format!("{action}:1").into_bytes())
+        );
+        assert_eq!(
+            ledger::effects(&db.pool, xid, branch, action.as_str()).await,
+            1
+        );
+    }
+    assert_eq!(ledger::account(&db.pool, "acct").await, (80, 10));
+}
+test_on_all_databases!(a_try_repeated_with_another_request_is_a_conflict, SCHEMAS);
+
+/// A database the old barrier wrote (schema 0001 only, its rows without a request hash) is
+/// migrated: its Try rows answer any repeat unchecked, its decided branches stay decided.
+async fn rows_from_before_the_migration_are_accepted_and_stay_decided<DB: TestBackend>(
+    db: &'static TestDb<DB>,
+) {
+    setup(db).await;
+    let v1 = match <DB as TestBackend>::DIALECT {
+        Dialect::Postgres => include_str!("../../migrations/postgres/barrier/0001_barrier.sql"),
+        Dialect::MySql => include_str!("../../migrations/mysql/barrier/0001_barrier.sql"),
+        Dialect::Sqlite => include_str!("../../migrations/sqlite/barrier/0001_barrier.sql"),
+    };
+    DB::execute_script(&db.pool, v1.to_string()).await.unwrap();
+    // What the old barrier left: a Try (x1), a confirmed branch (x2), a cancelled one (x3).
+    DB::execute_script(
+        &db.pool,
+        "INSERT INTO dtx_barrier (xid, branch_id, action, written_by, outcome, result, created_ms) \
+         VALUES ('x1', 'b1', 'try', 'try', 'success', NULL, 1), \
+                ('x2', 'b1', 'try', 'try', 'success', NULL, 1), \
+                ('x2', 'b1', 'confirm', 'confirm', 'success', NULL, 2), \
+                ('x3', 'b1', 'try', 'try', 'success', NULL, 1), \
+                ('x3', 'b1', 'cancel', 'cancel', 'success', NULL, 2)"
+            .to_string(),
+    )
+    .await
+    .unwrap();
+    DB::migrate(&db.pool, Schema::Barrier).await.unwrap();
+
+    let repeat = barrier::call(
+        &db.pool,
+        "x1",
+        "b1",
+        Action::Try,
+        Behave::Ok,
+        "r",
+        Some(b"any"),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        (repeat.is_success(), repeat.detail),
+        (true, Detail::Duplicate)
+    );
+    let cancel = direct(&db.pool, "x2", "b1", Action::Cancel, Behave::Ok, "k")
+        .await
+        .unwrap();
+    conflict(
+        &cancel,
+        "cancel refused: branch x2/b1 was already confirmed",
+    );
+    let confirm = direct(&db.pool, "x3", "b1", Action::Confirm, Behave::Ok, "c")
+        .await
+        .unwrap();
+    conflict(
+        &confirm,
+        "confirm refused: branch x3/b1 was already cancelled",
+    );
+
+    // A row written without a request (hash NULL) by today's barrier is accepted the same way.
+    direct(&db.pool, "x4", "b1", Action::Try, Behave::Ok, "t")
+        .await
+        .unwrap();
+    let repeat = barrier::call(
+        &db.pool,
+        "x4",
+        "b1",
+        Action::Try,
+        Behave::Ok,
+        "r",
+        Some(b"b"),
+    )
+    .await
+    .unwrap();
+    assert_eq!(repeat.detail, Detail::Duplicate);
+    assert_eq!(ledger::account(&db.pool, "acct").await, (90, 10));
+}
+test_on_all_databases!(
+    rows_from_before_the_migration_are_accepted_and_stay_decided,
+    &[]
+);

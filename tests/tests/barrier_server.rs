@@ -209,3 +209,56 @@ where
     server.stop().await;
 }
 test_on_all_databases!(participant_over_grpc, SCHEMAS);
+
+/// Conflicts are well-formed FAILURE answers with the reason, not gRPC errors.
+async fn conflicts_are_failure_answers_with_a_reason<DB: TestBackend>(db: &'static TestDb<DB>)
+where
+    DB::Conn: 'static,
+{
+    ledger::create_tables(&db.pool).await;
+    ledger::open_account(&db.pool, "acct", 100).await;
+    let server = serve(
+        Server::builder().add_service(Bank::new(db.pool.clone(), Faults::default()).into_service()),
+    )
+    .await;
+    let mut client = ParticipantClient::new(
+        Channel::from_shared(server.url())
+            .unwrap()
+            .connect()
+            .await
+            .unwrap(),
+    );
+    let mut call = async |req: BranchRequest| client.branch(req).await.unwrap().into_inner();
+    call(request("x1", "b1", BranchAction::Try as i32, "transfer")).await;
+    call(request(
+        "x1",
+        "b1",
+        BranchAction::Confirm as i32,
+        "transfer",
+    ))
+    .await;
+    let cancel = call(request("x1", "b1", BranchAction::Cancel as i32, "transfer")).await;
+    assert_eq!(
+        (cancel.outcome(), cancel.detail()),
+        (Outcome::Failure, OutcomeDetail::Conflict)
+    );
+    assert_eq!(
+        cancel.message,
+        "cancel refused: branch x1/b1 was already confirmed"
+    );
+    let mut other = request("x1", "b1", BranchAction::Try as i32, "transfer");
+    other.payload = payload("acct", 20);
+    let other = call(other).await;
+    assert_eq!(
+        (other.outcome(), other.detail()),
+        (Outcome::Failure, OutcomeDetail::Conflict)
+    );
+    assert!(
+        other.message.contains("was tried with a different request"),
+        "{}",
+        other.message
+    );
+    assert_eq!(ledger::account(&db.pool, "acct").await, (90, 0));
+    server.stop().await;
+}
+test_on_all_databases!(conflicts_are_failure_answers_with_a_reason, SCHEMAS);

@@ -321,3 +321,60 @@ where
     assert_eq!(w.account("alice").await, (START, 0));
 }
 test_on_all_databases!(an_unknown_try_outcome_never_commits, SCHEMAS);
+
+/// A person cancels a branch at the participant (a forced decision), then the initiator
+/// commits: the barrier refuses the Confirm with a conflict, the coordinator parks the
+/// transaction, and the Confirm's business closure never ran.
+async fn a_confirm_after_a_forced_cancel_parks_the_transaction<DB: TestBackend>(
+    db: &'static TestDb<DB>,
+) where
+    DB::Conn: 'static,
+{
+    let w = World::start(db, &[]).await;
+    let tx = w.client.begin(options("forced")).await.unwrap();
+    tx.call(TccBranch::new(&w.bank, "transfer", payload("alice", 10)))
+        .await
+        .unwrap();
+    tx.call(TccBranch::new(&w.bank, "transfer", payload("bob", 10)))
+        .await
+        .unwrap();
+    let mut bank = ParticipantClient::connect(w.bank.clone()).await.unwrap();
+    let cancel = bank
+        .branch(BranchRequest {
+            xid: "forced".into(),
+            branch_id: "b1".into(),
+            action: BranchAction::Cancel as i32,
+            handler: "transfer".into(),
+            payload: payload("alice", 10),
+            headers: Default::default(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (cancel.outcome(), cancel.detail()),
+        (Outcome::Success, OutcomeDetail::Executed)
+    );
+    assert_eq!(w.account("alice").await, (START, 0), "the hold went back");
+
+    assert_eq!(tx.commit().await.unwrap(), TxStatus::NeedsAttention);
+    let got = w.client.get("forced").await.unwrap();
+    assert_eq!(got.status(), TxStatus::NeedsAttention);
+    assert!(
+        got.last_error
+            .contains("confirm refused: branch forced/b1 was already cancelled"),
+        "{}",
+        got.last_error
+    );
+    assert_eq!(w.effects("forced", "b1", "confirm").await, 0);
+    assert_eq!(
+        w.account("alice").await,
+        (START, 0),
+        "the confirm never ran"
+    );
+    assert_eq!(w.effects("forced", "b2", "confirm").await, 1);
+}
+test_on_all_databases!(
+    a_confirm_after_a_forced_cancel_parks_the_transaction,
+    SCHEMAS
+);

@@ -7,12 +7,28 @@
 //! | call                         | row insert                       | answer                          |
 //! |------------------------------|----------------------------------|---------------------------------|
 //! | Try/Action, first            | own row inserted                 | run the handler, store outcome  |
-//! | Try/Action, repeat           | own row exists                   | stored first outcome and result |
+//! | Try/Action, repeat           | own row exists, same request     | stored first outcome and result |
+//! | Try/Action, other request    | own row exists, other hash       | FAILURE (conflict), no effect   |
 //! | Try/Action after Cancel      | row exists, written by Cancel    | rejected (suspended), no effect |
-//! | Confirm, first               | own row inserted                 | run the handler                 |
-//! | Confirm/Cancel/Comp., repeat | own row exists                   | success, no effect              |
+//! | Confirm/Cancel, first        | phase-two slot inserted          | run the handler                 |
+//! | Confirm/Cancel, repeat       | slot exists, same op             | success, no effect              |
+//! | Cancel after Confirm (or rev)| slot exists, other op            | FAILURE (conflict), no effect   |
+//! | Compensate, repeat           | own row exists                   | success, no effect              |
 //! | Cancel before Try            | Try's row inserted *by Cancel*   | success (empty rollback)        |
 //! | Cancel of a refused Try      | Try's row says failure           | success, nothing to undo        |
+//!
+//! **Phase two is one-way.** A TCC branch has one phase-two slot, the row `(xid, branch,
+//! "phase2")`: Confirm and Cancel both insert it with their name in `written_by`, so the unique
+//! key - not a check before the insert - decides which one ran, even when they race; the loser
+//! reads the winner's name and answers a conflict (a person forced the other decision at the
+//! participant; the coordinator parks the transaction for them). Each op also keeps its own row
+//! (`confirm`/`cancel`), which readers of the table and rows from before the slot rely on. A
+//! saga has no such pair: its compensation *follows* its action, so Compensate takes no slot.
+//!
+//! **The request is checked.** A Try/Action row stores the hash of its request
+//! ([`BranchKey::with_request`]); a repeat with another hash is a conflict, not a replay of a
+//! result that belongs to a different request. Rows without a hash (written before the column
+//! existed, or by a caller that gave none) are accepted unchecked.
 //!
 //! Concurrent duplicates wait on the unique key of the first one and then see its committed row.
 //! On MySQL/MariaDB the barrier uses `INSERT IGNORE` plus locking reads of rows that exist,
@@ -35,6 +51,7 @@ use futures::future::BoxFuture;
 pub use sql::purge_older_than;
 
 use crate::Error;
+use crate::idempotency::RequestHash;
 
 /// The action of a branch call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -63,6 +80,12 @@ impl Action {
     /// Try and Action run business code whose outcome repeats must get back.
     pub fn is_forward(self) -> bool {
         matches!(self, Action::Try | Action::Action)
+    }
+
+    /// Confirm and Cancel: the two TCC decisions, mutually exclusive through the branch's
+    /// phase-two slot. (Compensate is not one: it follows a saga action by design.)
+    pub fn is_phase_two(self) -> bool {
+        matches!(self, Action::Confirm | Action::Cancel)
     }
 
     /// The forward action a Cancel/Compensate undoes.
@@ -103,12 +126,15 @@ impl fmt::Display for Action {
     }
 }
 
-/// Identifies one branch call: the barrier's unique key.
+/// Identifies one branch call: the barrier's unique key, and the request it carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BranchKey<'a> {
     pub xid: &'a str,
     pub branch_id: &'a str,
     pub action: Action,
+    /// The request's hash, stored with a Try/Action row so a repeat with another request is a
+    /// conflict. `None`: no check (the stored first result is replayed to any repeat).
+    pub request: Option<RequestHash>,
 }
 
 impl<'a> BranchKey<'a> {
@@ -120,7 +146,15 @@ impl<'a> BranchKey<'a> {
             xid,
             branch_id,
             action,
+            request: None,
         })
+    }
+
+    /// Checks repeats of a Try/Action against `request` (for example
+    /// `RequestHash::of_bytes(payload)`); ignored by the other actions.
+    pub fn with_request(mut self, request: RequestHash) -> Self {
+        self.request = Some(request);
+        self
     }
 }
 
@@ -164,6 +198,9 @@ pub enum Detail {
     /// Confirm of a Try that never succeeded: refused, nothing recorded (a protocol violation
     /// an operator must look at).
     OutOfOrder,
+    /// The call contradicts the branch's record: Cancel after its Confirm (or the reverse), or
+    /// a Try/Action repeated with another request. Refused, no effect, nothing recorded.
+    Conflict,
 }
 
 /// The barrier's answer to one branch call.
@@ -187,12 +224,14 @@ impl Answer {
 /// The caller must roll back the whole local transaction; the branch call will be retried.
 pub type HandlerError = Box<dyn std::error::Error + Send + Sync>;
 
-/// The stored row of a Try/Action, as far as the barrier needs it.
+/// A stored barrier row, as far as the barrier needs it.
 #[derive(Debug)]
-struct ForwardRow {
+struct Row {
     written_by: String,
     outcome: String,
     result: Vec<u8>,
+    /// Hex hash of the Try/Action request; `None` on rows without one.
+    request_hash: Option<String>,
 }
 
 /// Runs one branch call through the barrier inside the caller's open transaction.
@@ -223,11 +262,22 @@ where
     F: for<'c> FnOnce(&'c mut C) -> BoxFuture<'c, Result<Reply, HandlerError>>,
 {
     let action = key.action.as_str();
-    if !sql::insert(conn, key.xid, key.branch_id, action, action, sql::PENDING).await? {
-        let row = sql::read_forward(conn, key.xid, key.branch_id, action)
+    let request = key.request.map(|h| h.to_hex());
+    let inserted = sql::insert(
+        conn,
+        key.xid,
+        key.branch_id,
+        action,
+        action,
+        sql::PENDING,
+        request.as_deref(),
+    )
+    .await?;
+    if !inserted {
+        let row = sql::read(conn, key.xid, key.branch_id, action)
             .await?
             .ok_or_else(|| Error::Barrier(format!("barrier row of {key:?} vanished")))?;
-        return Ok(repeat_of_forward(key.action, row));
+        return Ok(repeat_of_forward(key, request.as_deref(), row));
     }
     sql::savepoint(conn).await?;
     let reply = handler(conn).await.map_err(Error::Handler)?;
@@ -246,9 +296,10 @@ where
     Ok(Answer::new(reply, Detail::Executed))
 }
 
-/// A Try/Action whose row already exists: the stored first outcome, or suspended if a
-/// Cancel/Compensate claimed the row first.
-fn repeat_of_forward(action: Action, row: ForwardRow) -> Answer {
+/// A Try/Action whose row already exists: the stored first outcome, a conflict if it was
+/// written for another request, or suspended if a Cancel/Compensate claimed the row first.
+fn repeat_of_forward(key: BranchKey<'_>, request: Option<&str>, row: Row) -> Answer {
+    let action = key.action;
     if row.written_by != action.as_str() {
         return Answer::new(
             Reply::refuse(format!(
@@ -256,6 +307,17 @@ fn repeat_of_forward(action: Action, row: ForwardRow) -> Answer {
                 action, row.written_by
             )),
             Detail::Suspended,
+        );
+    }
+    if let (Some(stored), Some(request)) = (row.request_hash.as_deref(), request)
+        && stored != request
+    {
+        return Answer::new(
+            Reply::refuse(format!(
+                "{action} refused: branch {}/{} was tried with a different request",
+                key.xid, key.branch_id
+            )),
+            Detail::Conflict,
         );
     }
     let reply = if row.outcome == sql::FAILURE {
@@ -271,15 +333,20 @@ where
     C: Conn,
     F: for<'c> FnOnce(&'c mut C) -> BoxFuture<'c, Result<Reply, HandlerError>>,
 {
-    let action = key.action.as_str();
     sql::savepoint(conn).await?;
-    if !sql::insert(conn, key.xid, key.branch_id, action, action, sql::SUCCESS).await? {
+    if let Some(answer) = claim_phase_two(conn, key).await? {
+        sql::release_savepoint(conn).await?;
+        return Ok(answer);
+    }
+    if !insert_own(conn, key).await? {
+        // A Confirm that ran before its slot existed (written by an older barrier).
         sql::release_savepoint(conn).await?;
         return Ok(Answer::new(Reply::ok(), Detail::Duplicate));
     }
     // Confirm is only ever sent after every Try answered success; anything else is a protocol
     // violation that must reach an operator rather than confirm a reservation that isn't there.
-    let tried = sql::read_forward(conn, key.xid, key.branch_id, Action::Try.as_str()).await?;
+    // Rolling back to the savepoint frees the slot again: nothing was decided here.
+    let tried = sql::read(conn, key.xid, key.branch_id, Action::Try.as_str()).await?;
     let problem = match tried {
         Some(row) if row.written_by == Action::Try.as_str() && row.outcome == sql::SUCCESS => None,
         None => Some("never ran (or its barrier row was purged)".to_string()),
@@ -311,8 +378,14 @@ where
 {
     let action = key.action.as_str();
     sql::savepoint(conn).await?;
-    // Claim the origin's row first: if that succeeds the Try/Action never ran (and now never
-    // will), so there is nothing to undo.
+    if key.action.is_phase_two()
+        && let Some(answer) = claim_phase_two(conn, key).await?
+    {
+        sql::release_savepoint(conn).await?;
+        return Ok(answer);
+    }
+    // Claim the origin's row: if that succeeds the Try/Action never ran (and now never will),
+    // so there is nothing to undo.
     let claimed_origin = sql::insert(
         conn,
         key.xid,
@@ -320,15 +393,16 @@ where
         origin.as_str(),
         action,
         sql::NONE,
+        None,
     )
     .await?;
-    let first = sql::insert(conn, key.xid, key.branch_id, action, action, sql::SUCCESS).await?;
+    let first = insert_own(conn, key).await?;
     let detail = if !first {
         Some(Detail::Duplicate)
     } else if claimed_origin {
         Some(Detail::EmptyRollback)
     } else {
-        let row = sql::read_forward(conn, key.xid, key.branch_id, origin.as_str()).await?;
+        let row = sql::read(conn, key.xid, key.branch_id, origin.as_str()).await?;
         row.is_some_and(|row| row.outcome == sql::FAILURE)
             .then_some(Detail::NothingToUndo)
     };
@@ -337,6 +411,58 @@ where
         return Ok(Answer::new(Reply::ok(), detail));
     }
     run_undoable(conn, handler).await
+}
+
+/// Inserts the call's own Confirm/Cancel/Compensate row; false if it exists (a repeat).
+async fn insert_own<C: Conn>(conn: &mut C, key: BranchKey<'_>) -> Result<bool, Error> {
+    let action = key.action.as_str();
+    sql::insert(
+        conn,
+        key.xid,
+        key.branch_id,
+        action,
+        action,
+        sql::SUCCESS,
+        None,
+    )
+    .await
+}
+
+/// Takes the branch's phase-two slot for this Confirm/Cancel. `None`: taken now, go on.
+/// Otherwise the answer: a quiet duplicate if this op holds it, a conflict if the other one
+/// does. Concurrent claimants wait on the slot's key for the first one's commit and then read
+/// its committed row (a locking read of an existing row: no gap locks).
+async fn claim_phase_two<C: Conn>(
+    conn: &mut C,
+    key: BranchKey<'_>,
+) -> Result<Option<Answer>, Error> {
+    let op = key.action.as_str();
+    let (xid, branch) = (key.xid, key.branch_id);
+    if sql::insert(conn, xid, branch, sql::PHASE_TWO, op, sql::SUCCESS, None).await? {
+        return Ok(None);
+    }
+    let holder = sql::read(conn, xid, branch, sql::PHASE_TWO)
+        .await?
+        .ok_or_else(|| Error::Barrier(format!("phase-two slot of {xid}/{branch} vanished")))?
+        .written_by;
+    if holder == op {
+        return Ok(Some(Answer::new(Reply::ok(), Detail::Duplicate)));
+    }
+    let reason = format!(
+        "{op} refused: branch {xid}/{branch} was already {}",
+        decided(&holder)
+    );
+    tracing::warn!(xid, branch, %reason, "phase-two conflict at the barrier");
+    Ok(Some(Answer::new(Reply::refuse(reason), Detail::Conflict)))
+}
+
+/// How a conflict names the op holding the slot.
+fn decided(holder: &str) -> String {
+    match holder {
+        "confirm" => "confirmed".to_string(),
+        "cancel" => "cancelled".to_string(),
+        other => format!("taken by {other}"),
+    }
 }
 
 /// Runs a Confirm/Cancel/Compensate handler after its barrier rows were written under the open

@@ -2,7 +2,7 @@
 
 use dtx_sql::{Backend, Conn, Sql, SqlRow, args, insert_ignore, now_ms};
 
-use super::ForwardRow;
+use super::Row;
 use crate::Error;
 
 /// `outcome` of a Try/Action row whose handler is running in the inserting transaction.
@@ -11,21 +11,24 @@ pub(super) const SUCCESS: &str = "success";
 pub(super) const FAILURE: &str = "failure";
 /// `outcome` of a row a Cancel/Compensate claimed before its Try/Action.
 pub(super) const NONE: &str = "none";
+/// `action` of a branch's one phase-two slot: Confirm and Cancel both insert it, `written_by`
+/// says which of them won.
+pub(super) const PHASE_TWO: &str = "phase2";
 
 const INSERT: Sql = insert_ignore!(
-    "dtx_barrier (xid, branch_id, action, written_by, outcome, result, created_ms) \
-     VALUES (?, ?, ?, ?, ?, NULL, ?)"
+    "dtx_barrier (xid, branch_id, action, written_by, outcome, result, request_hash, created_ms) \
+     VALUES (?, ?, ?, ?, ?, NULL, ?, ?)"
 );
 
 /// Reads an existing row with a shared lock: it waits for a concurrent writer of the same row
 /// and then reads its committed version, whatever the isolation level. The row exists (the
 /// caller's insert just conflicted with it), so no gap lock is taken.
 const READ: Sql = Sql {
-    postgres: "SELECT written_by, outcome, result FROM dtx_barrier \
+    postgres: "SELECT written_by, outcome, result, request_hash FROM dtx_barrier \
                WHERE xid = ? AND branch_id = ? AND action = ? FOR SHARE",
-    mysql: "SELECT written_by, outcome, result FROM dtx_barrier \
+    mysql: "SELECT written_by, outcome, result, request_hash FROM dtx_barrier \
             WHERE xid = ? AND branch_id = ? AND action = ? LOCK IN SHARE MODE",
-    sqlite: "SELECT written_by, outcome, result FROM dtx_barrier \
+    sqlite: "SELECT written_by, outcome, result, request_hash FROM dtx_barrier \
              WHERE xid = ? AND branch_id = ? AND action = ?",
 };
 
@@ -41,7 +44,8 @@ const PURGE: Sql = Sql {
              (SELECT rowid FROM dtx_barrier WHERE created_ms < ? LIMIT ?)",
 };
 
-/// Inserts a row unless its key exists; true if this call inserted it.
+/// Inserts a row unless its key exists; true if this call inserted it. `request_hash` (hex)
+/// only on Try/Action rows written by their own call.
 pub(super) async fn insert<C: Conn>(
     conn: &mut C,
     xid: &str,
@@ -49,31 +53,42 @@ pub(super) async fn insert<C: Conn>(
     action: &str,
     written_by: &str,
     outcome: &str,
+    request_hash: Option<&str>,
 ) -> Result<bool, Error> {
     let sql = INSERT.pick(C::DIALECT);
     let rows = conn
         .execute(
             sql,
-            args![xid, branch_id, action, written_by, outcome, now_ms()],
+            args![
+                xid,
+                branch_id,
+                action,
+                written_by,
+                outcome,
+                request_hash,
+                now_ms()
+            ],
         )
         .await?;
     Ok(rows == 1)
 }
 
-pub(super) async fn read_forward<C: Conn>(
+pub(super) async fn read<C: Conn>(
     conn: &mut C,
     xid: &str,
     branch_id: &str,
     action: &str,
-) -> Result<Option<ForwardRow>, Error> {
+) -> Result<Option<Row>, Error> {
     let row = conn
         .fetch_optional(READ.pick(C::DIALECT), args![xid, branch_id, action])
         .await?;
     let Some(row) = row else { return Ok(None) };
-    Ok(Some(ForwardRow {
+    Ok(Some(Row {
         written_by: row.text(0)?,
         outcome: row.text(1)?,
         result: row.opt_bytes(2)?.unwrap_or_default(),
+        // CHAR(64) on PostgreSQL/MySQL; trimmed in case a driver pads it.
+        request_hash: row.opt_text(3)?.map(|h| h.trim_end().to_string()),
     }))
 }
 
