@@ -43,19 +43,19 @@ const FIXED: &str = "slow,skew,status";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn chaos_short_postgres() {
-    check(run::<sqlx::Postgres>(config(FIXED, 300)).await);
+    check(run::<sqlx::Postgres>(config(FIXED, 600)).await);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn chaos_short_mariadb() {
-    check(run::<sqlx::MySql>(config(FIXED, 200)).await);
+    check(run::<sqlx::MySql>(config(FIXED, 400)).await);
 }
 
 /// SQLite: one coordinator (the file is its own), killed and restarted; no skew (one instance
 /// has nobody to disagree with).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn chaos_short_sqlite() {
-    let mut config = config("slow,status", 150);
+    let mut config = config("slow,status", 250);
     config.coordinators = 1;
     config.concurrency = 8;
     check(run::<sqlx::Sqlite>(config).await);
@@ -67,6 +67,6 @@ async fn chaos_short_sqlite() {
 #[ignore = "enable once barrier one-way phase two lands"]
 async fn chaos_short_reorder() {
     // enable once barrier one-way phase two lands
-    check(run::<sqlx::Postgres>(config("reorder", 150)).await);
-    check(run::<sqlx::MySql>(config("reorder", 100)).await);
+    check(run::<sqlx::Postgres>(config("reorder", 300)).await);
+    check(run::<sqlx::MySql>(config("reorder", 200)).await);
 }
