@@ -150,6 +150,9 @@ pub struct Faults {
     slow_calls: Option<tokio::sync::mpsc::UnboundedSender<String>>,
     /// Branches whose phase two was already delivered out of order once.
     reordered: Arc<Mutex<HashSet<(String, String)>>>,
+    /// Calls so far per (xid, branch, action): the attempt number a random fault is drawn
+    /// for (a scan of `calls` under its lock made every call O(calls) and stalled long runs).
+    attempts: Arc<Mutex<HashMap<CallKey, usize>>>,
 }
 
 /// One call that reached the bank: when it arrived and finished, and what it answered.
@@ -252,13 +255,13 @@ impl Faults {
 
     fn drawn(&self, xid: &str, branch: &str, action: Action) -> Option<Fault> {
         let (seed, r) = self.rates(xid)?;
-        let attempt = {
-            let calls = self.calls.lock().unwrap();
-            calls
-                .iter()
-                .filter(|c| c.xid == xid && c.branch == branch && c.action == action)
-                .count()
-        };
+        let attempt = self
+            .attempts
+            .lock()
+            .unwrap()
+            .get(&(xid.to_string(), branch.to_string(), action))
+            .copied()
+            .unwrap_or(0);
         let key = format!("{xid}/{branch}/{action}/{attempt}");
         let mut u = crate::seeded_unit(seed, key.as_bytes());
         let v = crate::seeded_unit(seed, format!("{key}/how").as_bytes());
@@ -324,6 +327,12 @@ impl Faults {
         peer: Option<SocketAddr>,
         injected: bool,
     ) -> usize {
+        *self
+            .attempts
+            .lock()
+            .unwrap()
+            .entry((request.xid.clone(), request.branch_id.clone(), action))
+            .or_default() += 1;
         let mut calls = self.calls.lock().unwrap();
         calls.push(CallRecord {
             xid: request.xid.clone(),
