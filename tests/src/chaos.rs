@@ -12,10 +12,33 @@
 //! The same seed replays the same workload and the same participant faults (drawn per call from
 //! the seed and the call's identity) and the same kill schedule; what timing changes is which
 //! calls happen to be in flight when a kill lands.
+//!
+//! Every transaction belongs to one fault [`Class`], drawn from the seed among the enabled ones
+//! ([`Classes`]), and anomalies are counted per class:
+//! * `base`: the mix above ([`default_rates`]).
+//! * `a-slow`: calls slow enough to be in flight when their coordinator is killed (kills are
+//!   also aimed at the coordinator that sent a slow call), with saga/TCC deadlines shorter than
+//!   lease + restart, so the instance that takes over finds the deadline passed.
+//! * `b-skew`: one coordinator instance runs with its wall clock shifted (libfaketime); these
+//!   transactions go to the other instances, whose live leases and deadlines it must leave
+//!   alone (a TCC rolled back before its deadline although the client committed is an anomaly).
+//! * `c-status`: the participant answers gRPC `UNIMPLEMENTED` or a plain HTTP 404 without
+//!   `grpc-status`, before or after the effect, for a fraction of calls and during outage
+//!   windows.
+//! * `d-reorder`: phase two delivered out of order at the participant: after the coordinator's
+//!   Confirm succeeded, a Cancel of the same branch arrives (and a Confirm after a Cancel).
+//!
+//! Beyond "every transaction terminal, every effect once, the ledger balances", the checks name
+//! what they found: a saga step whose action ran but was neither compensated nor part of a
+//! succeeded saga (`lost-compensation`), a branch whose Confirm and Cancel effects both ran
+//! (`both-phases`), a TCC rolled back before its deadline although its client committed
+//! (`premature-rollback`), and two coordinator processes' phase-two calls of one branch in
+//! flight at once (`lease-overlap`).
 
 use std::collections::{BTreeMap, HashMap};
+use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use dtx_proto::v1::TxStatus;
@@ -29,7 +52,8 @@ use crate::coordinator::Process;
 use crate::db::{TestBackend, TestDb};
 use crate::ledger;
 use crate::net::serve;
-use crate::participant::{Bank, FaultRates, Faults, payload};
+use crate::participant::{Bank, CallRecord, FaultRates, Faults, payload};
+use dtx_sdk::barrier::Action;
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -50,10 +74,14 @@ pub struct ChaosConfig {
     pub coordinator_bin: String,
     /// Accounts money moves between.
     pub accounts: usize,
+    /// The fault classes besides `base`.
+    pub classes: Classes,
+    /// The coordinators' `--lease-ms`.
+    pub lease_ms: u64,
 }
 
 impl ChaosConfig {
-    /// The configuration CI runs (a couple of minutes at most).
+    /// The configuration CI runs (a couple of minutes at most), every class on.
     pub fn short(coordinator_bin: &str, seed: u64) -> ChaosConfig {
         ChaosConfig {
             seed,
@@ -66,7 +94,150 @@ impl ChaosConfig {
             settle_within: Duration::from_secs(90),
             coordinator_bin: coordinator_bin.to_string(),
             accounts: 10,
+            classes: Classes::all(),
+            lease_ms: 1000,
         }
+    }
+}
+
+/// One fault class; every transaction belongs to one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Class {
+    Base,
+    Slow,
+    Skew,
+    Status,
+    Reorder,
+}
+
+impl Class {
+    pub const ALL: [Class; 5] = [
+        Class::Base,
+        Class::Slow,
+        Class::Skew,
+        Class::Status,
+        Class::Reorder,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Class::Base => "base",
+            Class::Slow => "a-slow",
+            Class::Skew => "b-skew",
+            Class::Status => "c-status",
+            Class::Reorder => "d-reorder",
+        }
+    }
+}
+
+/// Class a: slow calls in flight at a kill, deadlines shorter than lease + restart.
+#[derive(Debug, Clone)]
+pub struct SlowClass {
+    /// Fraction of calls (forward and phase two) delivered `by` later.
+    pub rate: f64,
+    pub by: Duration,
+    pub saga_timeout: Duration,
+    pub tcc_timeout: Duration,
+    /// Kill the coordinator that sent a slow call `aim_after` after it arrived, at most once
+    /// per `aim_gap` (`None`: only the random kills).
+    pub aim_gap: Option<Duration>,
+    pub aim_after: Duration,
+}
+
+/// Class b: the last coordinator instance runs with its wall clock shifted.
+#[derive(Debug, Clone)]
+pub struct SkewClass {
+    /// A libfaketime offset, e.g. `"+30s"` or `"-30s"`.
+    pub offset: String,
+}
+
+/// Class c: status-only answers.
+#[derive(Debug, Clone)]
+pub struct StatusClass {
+    /// Fraction of calls answered with a status without reaching the barrier.
+    pub before: f64,
+    /// Fraction of calls that run and whose answer is replaced by a status.
+    pub after: f64,
+    /// Outage windows `(every, lasting)` during which every call of the class gets a status.
+    pub window: Option<(Duration, Duration)>,
+}
+
+/// Class d: phase two out of order at the participant.
+#[derive(Debug, Clone)]
+pub struct ReorderClass {
+    /// Fraction of branches whose successful Confirm (Cancel) is followed by a Cancel
+    /// (Confirm) delivered directly to the participant.
+    pub rate: f64,
+}
+
+/// The fault classes a run adds to `base` (`None`: off).
+#[derive(Debug, Clone, Default)]
+pub struct Classes {
+    pub slow: Option<SlowClass>,
+    pub skew: Option<SkewClass>,
+    pub status: Option<StatusClass>,
+    pub reorder: Option<ReorderClass>,
+}
+
+impl Classes {
+    /// Every class, with the settings CI uses.
+    pub fn all() -> Classes {
+        Classes {
+            slow: Some(SlowClass {
+                rate: 0.5,
+                by: Duration::from_millis(600),
+                saga_timeout: Duration::from_millis(900),
+                tcc_timeout: Duration::from_millis(1200),
+                aim_gap: Some(Duration::from_millis(1500)),
+                aim_after: Duration::from_millis(150),
+            }),
+            skew: Some(SkewClass {
+                offset: "+30s".into(),
+            }),
+            status: Some(StatusClass {
+                before: 0.1,
+                after: 0.15,
+                window: Some((Duration::from_secs(4), Duration::from_millis(400))),
+            }),
+            reorder: Some(ReorderClass { rate: 0.5 }),
+        }
+    }
+
+    /// `all`, `none`, or a comma-separated list of `slow`, `skew`, `status`, `reorder`
+    /// (or `a`, `b`, `c`, `d`), each with the settings of [`Classes::all`].
+    pub fn parse(list: &str) -> Result<Classes, String> {
+        let all = Classes::all();
+        let mut out = Classes::default();
+        for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+            match name {
+                "all" => out = Classes::all(),
+                "none" | "base" => {}
+                "slow" | "a" => out.slow = all.slow.clone(),
+                "skew" | "b" => out.skew = all.skew.clone(),
+                "status" | "c" => out.status = all.status.clone(),
+                "reorder" | "d" => out.reorder = all.reorder.clone(),
+                other => return Err(format!("unknown fault class {other:?}")),
+            }
+        }
+        Ok(out)
+    }
+
+    /// `base` and every enabled class.
+    pub fn enabled(&self) -> Vec<Class> {
+        let mut out = vec![Class::Base];
+        if self.slow.is_some() {
+            out.push(Class::Slow);
+        }
+        if self.skew.is_some() {
+            out.push(Class::Skew);
+        }
+        if self.status.is_some() {
+            out.push(Class::Status);
+        }
+        if self.reorder.is_some() {
+            out.push(Class::Reorder);
+        }
+        out
     }
 }
 
@@ -80,6 +251,31 @@ pub fn default_rates() -> FaultRates {
         late_forward: 0.02,
         late_by: Duration::from_millis(1500),
         refuse_forward: 0.03,
+        ..FaultRates::default()
+    }
+}
+
+/// One broken invariant.
+#[derive(Debug, Clone)]
+pub struct Anomaly {
+    /// The class of the transaction it was found on (`None`: the run as a whole, e.g. the
+    /// ledger totals).
+    pub class: Option<Class>,
+    /// What was found: `lost-compensation`, `both-phases`, `premature-rollback`,
+    /// `lease-overlap`, `unsettled`, `effects`, `barrier`, `status-read`, `ledger`, `store`.
+    pub kind: &'static str,
+    pub text: String,
+}
+
+impl fmt::Display for Anomaly {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "[{} {}] {}",
+            self.class.map_or("run", Class::name),
+            self.kind,
+            self.text
+        )
     }
 }
 
@@ -90,24 +286,64 @@ pub struct ChaosReport {
     pub tcc: usize,
     pub saga: usize,
     pub coordinators: usize,
+    /// The skewed instance's offset, if one ran.
+    pub skew: Option<String>,
     pub kills: u64,
+    /// Of `kills`, those aimed at the sender of a slow call.
+    pub aimed_kills: u64,
     pub faults: u64,
+    /// Transactions per class.
+    pub per_class: BTreeMap<Class, usize>,
     pub outcomes: BTreeMap<String, usize>,
-    pub anomalies: Vec<String>,
+    pub anomalies: Vec<Anomaly>,
 }
 
 impl ChaosReport {
-    /// The one-line summary every run prints.
+    /// Anomalies found on transactions of `class` (`None`: of the run as a whole).
+    pub fn count(&self, class: Option<Class>) -> usize {
+        self.anomalies.iter().filter(|a| a.class == class).count()
+    }
+
+    /// Anomalies of the given classes (and of the run as a whole).
+    pub fn count_in(&self, classes: &[Class]) -> usize {
+        self.anomalies
+            .iter()
+            .filter(|a| a.class.is_none_or(|c| classes.contains(&c)))
+            .count()
+    }
+
+    /// The one-line summary every run prints: per class "anomalies/transactions".
     pub fn summary(&self) -> String {
+        let mut kinds: BTreeMap<&str, usize> = BTreeMap::new();
+        for a in &self.anomalies {
+            *kinds.entry(a.kind).or_default() += 1;
+        }
+        let mut classes: Vec<String> = self
+            .per_class
+            .iter()
+            .map(|(c, n)| format!("{} {}/{n}", c.name(), self.count(Some(*c))))
+            .collect();
+        classes.push(format!("run {}", self.count(None)));
         format!(
-            "chaos: {} tx ({} tcc, {} saga), {} coordinators, {} kills, {} faults, {} anomalies (seed {}; {})",
+            "chaos: {} tx ({} tcc, {} saga), {} coordinators{}, {} kills ({} aimed), {} faults, {} anomalies [{}] kinds [{}] (seed {}; {})",
             self.tcc + self.saga,
             self.tcc,
             self.saga,
             self.coordinators,
+            self.skew
+                .as_ref()
+                .map(|s| format!(" (1 skewed {s})"))
+                .unwrap_or_default(),
             self.kills,
+            self.aimed_kills,
             self.faults,
             self.anomalies.len(),
+            classes.join(", "),
+            kinds
+                .iter()
+                .map(|(k, v)| format!("{k} {v}"))
+                .collect::<Vec<_>>()
+                .join(", "),
             self.seed,
             self.outcomes
                 .iter()
@@ -128,6 +364,14 @@ struct Planned {
     coordinator: usize,
     /// TCC: roll back on purpose instead of committing.
     rollback: bool,
+    class: Class,
+    /// The saga's or TCC transaction's deadline.
+    timeout: Duration,
+}
+
+/// The instance running under a skewed clock, if any (the last one; never the only one).
+fn skewed(cfg: &ChaosConfig) -> Option<usize> {
+    (cfg.classes.skew.is_some() && cfg.coordinators >= 2).then(|| cfg.coordinators - 1)
 }
 
 fn plan(cfg: &ChaosConfig, i: usize) -> Planned {
@@ -141,20 +385,75 @@ fn plan(cfg: &ChaosConfig, i: usize) -> Planned {
             (from[4..].parse::<usize>().unwrap() + 1) % cfg.accounts
         );
     }
+    let mut classes = cfg.classes.enabled();
+    if skewed(cfg).is_none() {
+        classes.retain(|c| *c != Class::Skew);
+    }
+    let class = classes[((u("class") * classes.len() as f64) as usize).min(classes.len() - 1)];
+    let saga = u("kind") < 0.5 && class != Class::Reorder;
+    let coordinator = match (class, skewed(cfg)) {
+        // Driven by the instances with the right clock, so the skewed one can only harm
+        // them by taking over their live leases or deadlines.
+        (Class::Skew, Some(_)) => i % (cfg.coordinators - 1),
+        _ => i % cfg.coordinators,
+    };
+    let timeout = match (&cfg.classes.slow, class) {
+        (Some(slow), Class::Slow) if saga => slow.saga_timeout,
+        (Some(slow), Class::Slow) => slow.tcc_timeout,
+        _ if saga => Duration::from_secs(8),
+        _ => Duration::from_secs(5),
+    };
     Planned {
         xid: format!("chaos-{}-{i}", cfg.seed),
-        saga: u("kind") < 0.5,
+        saga,
         from,
         to,
         amount: 1 + (u("amount") * 100.0) as i64,
-        coordinator: i % cfg.coordinators,
+        coordinator,
         rollback: u("rollback") < 0.1,
+        class,
+        timeout,
     }
+}
+
+/// The fault rates of a transaction of `class`.
+fn class_rates(cfg: &ChaosConfig, class: Class) -> Option<FaultRates> {
+    let c = &cfg.classes;
+    match class {
+        Class::Base => None,
+        Class::Slow => c.slow.as_ref().map(|s| FaultRates {
+            slow: s.rate,
+            slow_by: s.by,
+            ..FaultRates::default()
+        }),
+        Class::Skew => Some(FaultRates::default()),
+        Class::Status => c.status.as_ref().map(|s| FaultRates {
+            status_before: s.before,
+            status_after: s.after,
+            status_window: s.window,
+            ..FaultRates::default()
+        }),
+        Class::Reorder => c.reorder.as_ref().map(|r| FaultRates {
+            reorder: r.rate,
+            ..FaultRates::default()
+        }),
+    }
+}
+
+/// What the client did, for the checks that judge the coordinator by it.
+#[derive(Debug, Clone, Copy)]
+struct ClientView {
+    /// Just before Begin/Submit: the deadline is later than `began + timeout`.
+    began: tokio::time::Instant,
+    /// TCC: every Try succeeded and the client asked to commit.
+    asked_commit: bool,
 }
 
 /// Runs one transaction through coordinator `client`; errors are expected under chaos and
 /// only logged - the checks look at what happened, not at what the client was told.
-async fn run_one(client: &Coordinator, bank: &str, p: &Planned) {
+async fn run_one(client: &Coordinator, bank: &str, p: &Planned) -> ClientView {
+    let began = tokio::time::Instant::now();
+    let asked_commit = AtomicBool::new(false);
     let outcome: Result<(), Error> = if p.saga {
         let retry = RetryPolicy {
             max_attempts: 4,
@@ -165,7 +464,7 @@ async fn run_one(client: &Coordinator, bank: &str, p: &Planned) {
         let submitted = client
             .saga()
             .xid(&p.xid)
-            .timeout(Duration::from_secs(8))
+            .timeout(p.timeout)
             .retry(retry)
             .step(SagaStep::new("s1", bank, "debit").payload(payload(&p.from, p.amount)))
             .step(SagaStep::new("s2", bank, "credit").payload(payload(&p.to, p.amount)))
@@ -181,12 +480,13 @@ async fn run_one(client: &Coordinator, bank: &str, p: &Planned) {
     } else {
         let options = TccOptions {
             xid: Some(p.xid.clone()),
-            timeout: Duration::from_secs(5),
+            timeout: p.timeout,
             call_timeout: Duration::from_secs(1),
             wait_phase_two: None,
             ..TccOptions::default()
         };
         let rollback = p.rollback;
+        let asked_commit = &asked_commit;
         client
             .tcc(options, |tx| async move {
                 tx.call(TccBranch::new(bank, "transfer", payload(&p.from, p.amount)))
@@ -196,6 +496,7 @@ async fn run_one(client: &Coordinator, bank: &str, p: &Planned) {
                 if rollback {
                     return Err(Error::Barrier("rolled back on purpose".into()));
                 }
+                asked_commit.store(true, Ordering::Relaxed);
                 Ok(())
             })
             .await
@@ -203,10 +504,53 @@ async fn run_one(client: &Coordinator, bank: &str, p: &Planned) {
     if let Err(e) = outcome {
         tracing::debug!(xid = %p.xid, error = %e, "client saw an error");
     }
+    ClientView {
+        began,
+        asked_commit: asked_commit.load(Ordering::Relaxed),
+    }
+}
+
+/// Phase-two calls of one branch sent by two different coordinator connections and in flight
+/// at the same time: two instances drove the transaction at once. Calls whose caller went
+/// away (killed) never finish here, and delayed or injected deliveries are not a driver's.
+fn lease_overlaps(calls: &[&CallRecord]) -> Vec<String> {
+    let mut out = Vec::new();
+    let live: Vec<&&CallRecord> = calls
+        .iter()
+        .filter(|c| {
+            !c.detached
+                && !c.injected
+                && c.peer.is_some()
+                && c.finished.is_some()
+                && matches!(
+                    c.action,
+                    Action::Confirm | Action::Cancel | Action::Compensate
+                )
+        })
+        .collect();
+    for (i, a) in live.iter().enumerate() {
+        for b in &live[i + 1..] {
+            if a.branch == b.branch
+                && a.action == b.action
+                && a.peer != b.peer
+                && a.started < b.finished.unwrap()
+                && b.started < a.finished.unwrap()
+            {
+                out.push(format!(
+                    "{} {}: calls from {:?} and {:?} in flight at once",
+                    a.branch,
+                    a.action,
+                    a.peer.unwrap(),
+                    b.peer.unwrap()
+                ));
+            }
+        }
+    }
+    out
 }
 
 /// Counts per (xid, branch, kind) of the ledger's effect log.
-async fn effect_counts<DB: TestBackend>(db: &TestDb<DB>) -> HashMap<(String, String, String), i64> {
+async fn effect_counts<DB: TestBackend>(db: &TestDb<DB>) -> ByBranch<i64> {
     db.rows("SELECT xid, branch_id, kind, COUNT(*) FROM effects GROUP BY xid, branch_id, kind")
         .await
         .iter()
@@ -220,9 +564,7 @@ async fn effect_counts<DB: TestBackend>(db: &TestDb<DB>) -> HashMap<(String, Str
 }
 
 /// Barrier rows: (xid, branch, action) -> (written_by, outcome).
-async fn barrier_rows<DB: TestBackend>(
-    db: &TestDb<DB>,
-) -> HashMap<(String, String, String), (String, String)> {
+async fn barrier_rows<DB: TestBackend>(db: &TestDb<DB>) -> ByBranch<(String, String)> {
     db.rows("SELECT xid, branch_id, action, written_by, outcome FROM dtx_barrier")
         .await
         .iter()
@@ -260,6 +602,215 @@ async fn ledger_totals<DB: TestBackend>(db: &TestDb<DB>) -> (i64, i64) {
         })
 }
 
+/// Starts coordinator `index` (under the skewed clock if it is the skewed instance).
+async fn start_coordinator(
+    cfg: &ChaosConfig,
+    store: &str,
+    addr: std::net::SocketAddr,
+    index: usize,
+) -> Process {
+    let name = format!("chaos-{index}");
+    let lease = cfg.lease_ms.to_string();
+    let skew = match (skewed(cfg), &cfg.classes.skew) {
+        (Some(s), Some(skew)) if s == index => Some(skew.offset.as_str()),
+        _ => None,
+    };
+    Process::start_with(
+        &cfg.coordinator_bin,
+        store,
+        addr,
+        &["--instance", &name, "--lease-ms", &lease],
+        skew,
+    )
+    .await
+}
+
+/// A free loopback address for a coordinator.
+async fn free_addr() -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    listener.local_addr().unwrap()
+}
+
+/// (xid, branch, kind or action) -> a count or a barrier row's (written_by, outcome).
+type ByBranch<T> = HashMap<(String, String, String), T>;
+
+/// What the participant's tables and call log show of one transaction.
+struct Seen<'a> {
+    xid: &'a str,
+    effects: &'a ByBranch<i64>,
+    barrier: &'a ByBranch<(String, String)>,
+    calls: Vec<&'a CallRecord>,
+}
+
+impl Seen<'_> {
+    /// Effects of `kind` logged for `branch`.
+    fn count(&self, branch: &str, kind: &str) -> i64 {
+        let key = (self.xid.to_string(), branch.to_string(), kind.to_string());
+        self.effects.get(&key).copied().unwrap_or(0)
+    }
+
+    /// The barrier row of (branch, action).
+    fn row(&self, branch: &str, action: &str) -> Option<&(String, String)> {
+        let key = (self.xid.to_string(), branch.to_string(), action.to_string());
+        self.barrier.get(&key)
+    }
+}
+
+/// What one transaction broke, as (kind, text).
+fn check_one(
+    p: &Planned,
+    status: TxStatus,
+    registered: &[String],
+    view: Option<&ClientView>,
+    seen: &Seen<'_>,
+) -> Vec<(&'static str, String)> {
+    let count = |b: &str, kind: &str| seen.count(b, kind);
+    let row = |b: &str, action: &str| seen.row(b, action);
+    let calls = &seen.calls;
+    let mut broke = Vec::new();
+    let branches: [&str; 2] = if p.saga { ["s1", "s2"] } else { ["b1", "b2"] };
+    let settled = matches!(
+        status,
+        TxStatus::Committed
+            | TxStatus::RolledBack
+            | TxStatus::Succeeded
+            | TxStatus::Compensated
+            | TxStatus::Unspecified
+    );
+    if !settled {
+        broke.push((
+            "unsettled",
+            format!("not settled within the bound: {status:?}"),
+        ));
+    }
+    for b in branches {
+        if p.saga {
+            let (t, x) = (count(b, "action"), count(b, "compensate"));
+            if t > x && status != TxStatus::Succeeded {
+                broke.push((
+                    "lost-compensation",
+                    format!("{b}: its action ran {t}x, compensated {x}x, the saga is {status:?}"),
+                ));
+            } else if status == TxStatus::Compensated
+                && row(b, "action").is_some_and(|(w, o)| w == "action" && o == "success")
+                && row(b, "compensate").is_none()
+            {
+                broke.push((
+                    "lost-compensation",
+                    format!("{b}: its action took effect but no compensation is recorded"),
+                ));
+            }
+            match status {
+                TxStatus::Succeeded => {
+                    if (t, x) != (1, 0) {
+                        broke.push((
+                            "effects",
+                            format!("{b}: succeeded but action/compensate effects {t}/{x}"),
+                        ));
+                    }
+                    if row(b, "compensate").is_some() {
+                        broke.push((
+                            "barrier",
+                            format!("{b}: succeeded but the barrier has a compensation"),
+                        ));
+                    }
+                }
+                _ if x > t || t > 1 => broke.push((
+                    "effects",
+                    format!("{b}: {status:?} with action/compensate effects {t}/{x}"),
+                )),
+                _ => {}
+            }
+            continue;
+        }
+        let (t, c, x) = (count(b, "try"), count(b, "confirm"), count(b, "cancel"));
+        if c > 0 && x > 0 {
+            broke.push((
+                "both-phases",
+                format!("{b}: its Confirm and its Cancel both took effect ({c}/{x}), {status:?}"),
+            ));
+        }
+        // Out-of-order deliveries leave the refused call's row (or none): judged by effects.
+        let strict_rows = p.class != Class::Reorder;
+        match status {
+            TxStatus::Committed => {
+                if (t, c, x) != (1, 1, 0) && !(c > 0 && x > 0) {
+                    broke.push((
+                        "effects",
+                        format!("{b}: committed but try/confirm/cancel effects {t}/{c}/{x}"),
+                    ));
+                }
+                if row(b, "confirm").is_none() || (strict_rows && row(b, "cancel").is_some()) {
+                    broke.push((
+                        "barrier",
+                        format!(
+                            "{b}: committed but the barrier has cancel={:?} confirm={:?}",
+                            row(b, "cancel"),
+                            row(b, "confirm")
+                        ),
+                    ));
+                }
+            }
+            TxStatus::RolledBack => {
+                if (c != 0 || x != t) && !(c > 0 && x > 0) {
+                    broke.push((
+                        "effects",
+                        format!("{b}: rolled back but try/confirm/cancel effects {t}/{c}/{x}"),
+                    ));
+                }
+                // Every registered branch got its Cancel (an unregistered one never a Try).
+                let cancelled = row(b, "cancel").is_some() || !registered.iter().any(|r| r == b);
+                if (strict_rows && row(b, "confirm").is_some()) || !cancelled {
+                    broke.push((
+                        "barrier",
+                        format!(
+                            "{b}: rolled back but the barrier has confirm={:?} cancel={:?}",
+                            row(b, "confirm"),
+                            row(b, "cancel")
+                        ),
+                    ));
+                }
+            }
+            TxStatus::Unspecified if t + c + x != 0 => {
+                broke.push((
+                    "effects",
+                    format!("{b}: never begun but effects {t}/{c}/{x}"),
+                ));
+            }
+            _ => {}
+        }
+    }
+    // A TCC whose client committed is rolled back only by its deadline.
+    if !p.saga
+        && status == TxStatus::RolledBack
+        && let Some(view) = view
+        && view.asked_commit
+    {
+        let deadline = view.began + p.timeout;
+        if let Some(first) = calls
+            .iter()
+            .filter(|c| c.action == Action::Cancel && !c.injected)
+            .map(|c| c.started)
+            .min()
+            && first + Duration::from_millis(100) < deadline
+        {
+            broke.push((
+                "premature-rollback",
+                format!(
+                    "the client committed, yet a Cancel arrived {} ms before the deadline",
+                    (deadline - first).as_millis()
+                ),
+            ));
+        }
+    }
+    for overlap in lease_overlaps(calls) {
+        broke.push(("lease-overlap", overlap));
+    }
+    broke
+}
+
 /// Runs the harness on a fresh coordinator database and a fresh bank database of kind `DB`.
 pub async fn run<DB: TestBackend>(cfg: ChaosConfig) -> Option<ChaosReport>
 where
@@ -273,66 +824,91 @@ where
     for a in 0..cfg.accounts {
         ledger::open_account(&bank_db.pool, &format!("acct{a}"), START_BALANCE).await;
     }
-    let faults = Faults::random(cfg.seed, cfg.rates);
+    let mut faults = Faults::random(cfg.seed, cfg.rates);
+    let mut slow_calls = faults.watch_slow_calls();
     let bank_server = serve(
         Server::builder()
-            .add_service(Bank::new(bank_db.pool.clone(), faults.clone()).into_service()),
+            .add_service(Bank::new(bank_db.pool.clone(), faults.clone()).into_http_service()),
     )
     .await;
     let bank = bank_server.url();
 
     let mut processes = Vec::new();
+    let mut addrs = Vec::new();
     for i in 0..cfg.coordinators {
-        let name = format!("chaos-{i}");
-        processes.push(Some(
-            Process::start(&cfg.coordinator_bin, &store.url, &["--instance", &name]).await,
-        ));
+        let addr = free_addr().await;
+        addrs.push(addr);
+        processes.push(Some(start_coordinator(&cfg, &store.url, addr, i).await));
     }
-    let addrs: Vec<_> = processes.iter().map(|p| p.as_ref().unwrap().addr).collect();
     let mut clients = Vec::new();
     for p in &processes {
         clients.push(p.as_ref().unwrap().client().await);
     }
     let processes = Arc::new(Mutex::new(processes));
 
-    // The killer: SIGKILL a random coordinator, restart it on the same address.
+    // The killer: SIGKILL a random coordinator, restart it on the same address; and, for
+    // class a, the coordinator that sent a slow call while the call is in flight.
     let kills = Arc::new(AtomicU64::new(0));
+    let aimed = Arc::new(AtomicU64::new(0));
     let (stop_killing, mut killing_stopped) = tokio::sync::watch::channel(false);
-    let killer = cfg.kill_every.map(|every| {
-        let (processes, kills, cfg, store_url) = (
+    let aim = cfg
+        .classes
+        .slow
+        .as_ref()
+        .and_then(|s| s.aim_gap.map(|gap| (gap, s.aim_after)));
+    let killer = (cfg.kill_every.is_some() || aim.is_some()).then(|| {
+        let (processes, kills, aimed, cfg, store_url, addrs) = (
             processes.clone(),
             kills.clone(),
+            aimed.clone(),
             cfg.clone(),
             store.url.clone(),
+            addrs.clone(),
         );
         tokio::spawn(async move {
+            let far = Duration::from_secs(24 * 3600);
+            let mut last_aimed: Option<tokio::time::Instant> = None;
             for k in 0u64.. {
                 let u = |what: &str| {
                     crate::seeded_unit(cfg.seed, format!("kill/{k}/{what}").as_bytes())
                 };
-                let wait = every.mul_f64(0.5 + u("wait"));
-                tokio::select! {
-                    _ = tokio::time::sleep(wait) => {}
-                    _ = killing_stopped.changed() => return,
-                }
-                let victim = (u("victim") * cfg.coordinators as f64) as usize;
+                let wait = cfg
+                    .kill_every
+                    .map_or(far, |every| every.mul_f64(0.5 + u("wait")));
+                let next = tokio::time::Instant::now() + wait;
+                let victim = loop {
+                    tokio::select! {
+                        _ = tokio::time::sleep_until(next) => {
+                            break (u("victim") * cfg.coordinators as f64) as usize;
+                        }
+                        Some(xid) = slow_calls.recv() => {
+                            let Some((gap, after)) = aim else { continue };
+                            if last_aimed.is_some_and(|t| t.elapsed() < gap) {
+                                continue;
+                            }
+                            let Some(i) = xid.rsplit('-').next().and_then(|i| i.parse().ok())
+                            else {
+                                continue;
+                            };
+                            last_aimed = Some(tokio::time::Instant::now());
+                            tokio::time::sleep(after).await;
+                            aimed.fetch_add(1, Ordering::Relaxed);
+                            break plan(&cfg, i).coordinator;
+                        }
+                        _ = killing_stopped.changed() => return,
+                    }
+                };
                 let mut procs = processes.lock().await;
                 if let Some(p) = procs[victim].take() {
                     p.kill().await;
                     kills.fetch_add(1, Ordering::Relaxed);
                     tracing::info!(victim, "killed a coordinator");
                     tokio::time::sleep(Duration::from_millis(100)).await;
-                    let name = format!("chaos-{victim}");
-                    procs[victim] = Some(
-                        Process::start_on(
-                            &cfg.coordinator_bin,
-                            &store_url,
-                            addrs[victim],
-                            &["--instance", &name],
-                        )
-                        .await,
-                    );
+                    procs[victim] =
+                        Some(start_coordinator(&cfg, &store_url, addrs[victim], victim).await);
                 }
+                // Slow calls announced meanwhile are no longer in flight.
+                while slow_calls.try_recv().is_ok() {}
             }
         })
     });
@@ -348,15 +924,22 @@ where
         }
         let permit = slots.clone().acquire_owned().await.unwrap();
         let p = plan(&cfg, i);
+        if let Some(rates) = class_rates(&cfg, p.class) {
+            faults.set_rates(&p.xid, rates);
+        }
         planned.push(p.clone());
         let (client, bank) = (clients[p.coordinator].clone(), bank.clone());
         tasks.push(tokio::spawn(async move {
-            run_one(&client, &bank, &p).await;
+            let view = run_one(&client, &bank, &p).await;
             drop(permit);
+            (p.xid, view)
         }));
     }
+    let mut views = HashMap::new();
     for t in tasks {
-        t.await.ok();
+        if let Ok((xid, view)) = t.await {
+            views.insert(xid, view);
+        }
     }
     stop_killing.send_replace(true);
     if let Some(k) = killer {
@@ -367,8 +950,10 @@ where
     let mut report = ChaosReport {
         seed: cfg.seed,
         coordinators: cfg.coordinators,
+        skew: skewed(&cfg).and(cfg.classes.skew.as_ref().map(|s| s.offset.clone())),
         ..ChaosReport::default()
     };
+    // An instance with the right clock observes.
     let observer = clients[0].clone();
     let settle_until = tokio::time::Instant::now() + cfg.settle_within;
     let mut statuses = HashMap::new();
@@ -378,6 +963,7 @@ where
         } else {
             report.tcc += 1;
         }
+        *report.per_class.entry(p.class).or_default() += 1;
         let left = settle_until.saturating_duration_since(tokio::time::Instant::now());
         let (status, registered) = match observer
             .wait(&p.xid, left.max(Duration::from_millis(10)))
@@ -394,9 +980,11 @@ where
                 (TxStatus::Unspecified, Vec::new())
             }
             Err(e) => {
-                report
-                    .anomalies
-                    .push(format!("{}: could not read its status: {e}", p.xid));
+                report.anomalies.push(Anomaly {
+                    class: Some(p.class),
+                    kind: "status-read",
+                    text: format!("{}: could not read its status: {e}", p.xid),
+                });
                 continue;
             }
         };
@@ -414,141 +1002,78 @@ where
         statuses.insert(p.xid.clone(), (status, registered));
     }
     // Late deliveries still in the network land before the ledger is checked.
-    tokio::time::sleep(cfg.rates.late_by + Duration::from_millis(500)).await;
+    let late = cfg
+        .rates
+        .late_by
+        .max(cfg.classes.slow.as_ref().map_or(Duration::ZERO, |s| s.by));
+    tokio::time::sleep(late + Duration::from_millis(500)).await;
 
     let effects = effect_counts(bank_db).await;
     let barrier = barrier_rows(bank_db).await;
-    let count = |xid: &str, branch: &str, kind: &str| {
-        effects
-            .get(&(xid.to_string(), branch.to_string(), kind.to_string()))
-            .copied()
-            .unwrap_or(0)
-    };
-    let row = |xid: &str, branch: &str, action: &str| {
-        barrier.get(&(xid.to_string(), branch.to_string(), action.to_string()))
-    };
+    let log = faults.call_log();
+    let mut calls_of: HashMap<&str, Vec<&CallRecord>> = HashMap::new();
+    for c in &log {
+        calls_of.entry(c.xid.as_str()).or_default().push(c);
+    }
     for p in &planned {
         let Some((status, registered)) = statuses.get(&p.xid) else {
             continue;
         };
-        let status = *status;
-        let mut broke = Vec::new();
-        let branches: [&str; 2] = if p.saga { ["s1", "s2"] } else { ["b1", "b2"] };
-        for b in branches {
-            let (t, c, x) = if p.saga {
-                (
-                    count(&p.xid, b, "action"),
-                    0,
-                    count(&p.xid, b, "compensate"),
-                )
-            } else {
-                (
-                    count(&p.xid, b, "try"),
-                    count(&p.xid, b, "confirm"),
-                    count(&p.xid, b, "cancel"),
-                )
-            };
-            match status {
-                TxStatus::Committed => {
-                    if (t, c, x) != (1, 1, 0) {
-                        broke.push(format!(
-                            "{b}: committed but try/confirm/cancel effects {t}/{c}/{x}"
-                        ));
-                    }
-                    if row(&p.xid, b, "cancel").is_some() || row(&p.xid, b, "confirm").is_none() {
-                        broke.push(format!(
-                            "{b}: committed but the barrier has cancel={:?} confirm={:?}",
-                            row(&p.xid, b, "cancel"),
-                            row(&p.xid, b, "confirm")
-                        ));
-                    }
-                }
-                TxStatus::RolledBack => {
-                    if c != 0 || x != t {
-                        broke.push(format!(
-                            "{b}: rolled back but try/confirm/cancel effects {t}/{c}/{x}"
-                        ));
-                    }
-                    // Every registered branch got its Cancel (an unregistered one never a Try).
-                    let cancelled =
-                        row(&p.xid, b, "cancel").is_some() || !registered.iter().any(|r| r == b);
-                    if row(&p.xid, b, "confirm").is_some() || !cancelled {
-                        broke.push(format!(
-                            "{b}: rolled back but the barrier has confirm={:?} cancel={:?}",
-                            row(&p.xid, b, "confirm"),
-                            row(&p.xid, b, "cancel")
-                        ));
-                    }
-                }
-                TxStatus::Succeeded => {
-                    if (t, x) != (1, 0) {
-                        broke.push(format!(
-                            "{b}: succeeded but action/compensate effects {t}/{x}"
-                        ));
-                    }
-                    if row(&p.xid, b, "compensate").is_some() {
-                        broke.push(format!("{b}: succeeded but the barrier has a compensation"));
-                    }
-                }
-                TxStatus::Compensated => {
-                    if x != t {
-                        broke.push(format!(
-                            "{b}: compensated but action/compensate effects {t}/{x}"
-                        ));
-                    }
-                    let ran = row(&p.xid, b, "action")
-                        .is_some_and(|(w, o)| w == "action" && o == "success");
-                    if ran && row(&p.xid, b, "compensate").is_none() {
-                        broke.push(format!(
-                            "{b}: its action took effect but no compensation is recorded"
-                        ));
-                    }
-                }
-                TxStatus::Unspecified => {
-                    if t + c + x != 0 {
-                        broke.push(format!("{b}: never begun but effects {t}/{c}/{x}"));
-                    }
-                }
-                other => broke.push(format!("not settled within the bound: {other:?}")),
-            }
+        let seen = Seen {
+            xid: &p.xid,
+            effects: &effects,
+            barrier: &barrier,
+            calls: calls_of.get(p.xid.as_str()).cloned().unwrap_or_default(),
+        };
+        let broke = check_one(p, *status, registered, views.get(&p.xid), &seen);
+        if broke.is_empty() {
+            continue;
         }
-        if !broke.is_empty() {
-            let history: Vec<String> = faults
-                .call_log()
-                .into_iter()
-                .filter(|c| c.xid == p.xid)
-                .map(|c| {
-                    format!(
-                        "{} {} -> {:?}",
-                        c.branch,
-                        c.action,
-                        c.answer.map(|a| (a.outcome(), a.detail()))
-                    )
-                })
-                .collect();
-            report.anomalies.push(format!(
-                "{} ({}, {:?}): {}\n    history: {}",
-                p.xid,
-                if p.saga { "saga" } else { "tcc" },
-                status,
-                broke.join("; "),
-                history.join(" | ")
-            ));
+        let history: Vec<String> = seen
+            .calls
+            .iter()
+            .map(|c| {
+                format!(
+                    "{} {}{} -> {:?}",
+                    c.branch,
+                    c.action,
+                    if c.injected { " (injected)" } else { "" },
+                    c.answer.as_ref().map(|a| (a.outcome(), a.detail()))
+                )
+            })
+            .collect();
+        for (kind, what) in broke {
+            report.anomalies.push(Anomaly {
+                class: Some(p.class),
+                kind,
+                text: format!(
+                    "{} ({}, {:?}): {what}\n    history: {}",
+                    p.xid,
+                    if p.saga { "saga" } else { "tcc" },
+                    status,
+                    history.join(" | ")
+                ),
+            });
         }
     }
     let (balance, held) = ledger_totals(bank_db).await;
     let expected = START_BALANCE * cfg.accounts as i64;
     if (balance, held) != (expected, 0) {
-        report.anomalies.push(format!(
-            "ledger: balances sum to {balance} (expected {expected}), {held} still held"
-        ));
+        report.anomalies.push(Anomaly {
+            class: None,
+            kind: "ledger",
+            text: format!("balances sum to {balance} (expected {expected}), {held} still held"),
+        });
     }
     for row in unsettled_rows(&store).await {
-        report.anomalies.push(format!(
-            "store row still owned or due after settling: {row}"
-        ));
+        report.anomalies.push(Anomaly {
+            class: None,
+            kind: "store",
+            text: format!("row still owned or due after settling: {row}"),
+        });
     }
     report.kills = kills.load(Ordering::Relaxed);
+    report.aimed_kills = aimed.load(Ordering::Relaxed);
     report.faults = faults.injected();
 
     let mut procs = processes.lock().await;

@@ -116,11 +116,33 @@ impl Process {
 
     /// Starts it on a given address (to restart "the same" coordinator).
     pub async fn start_on(bin: &str, store: &str, addr: SocketAddr, extra: &[&str]) -> Process {
+        Self::start_with(bin, store, addr, extra, None).await
+    }
+
+    /// Starts it on a given address, its wall clock shifted by `skew` (a libfaketime offset
+    /// such as `"+30s"`; `None`: the host's clock).
+    pub async fn start_with(
+        bin: &str,
+        store: &str,
+        addr: SocketAddr,
+        extra: &[&str],
+        skew: Option<&str>,
+    ) -> Process {
         let listen = addr.to_string();
         let mut args = vec!["--store", store, "--listen", listen.as_str()];
         args.extend(with_fast(extra));
         let log = std::env::var("DTX_TEST_COORDINATOR_LOG").ok();
-        let child = Command::new(PathBuf::from(bin))
+        let mut command = Command::new(PathBuf::from(bin));
+        if let Some(offset) = skew {
+            // libfaketime preloaded into the coordinator itself (not the `faketime` wrapper,
+            // which would stand between the SIGKILL and the coordinator): the wall clock only,
+            // the monotonic clock stays the host's.
+            command
+                .env("LD_PRELOAD", faketime_lib())
+                .env("FAKETIME", offset)
+                .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
+        }
+        let child = command
             .args(&args)
             .env("RUST_LOG", log.as_deref().unwrap_or("warn"))
             .stdout(Stdio::null())
@@ -158,6 +180,12 @@ impl Process {
             .status();
         self.child.wait().await.expect("reap")
     }
+}
+
+/// libfaketime's preload library: `DTX_FAKETIME_LIB`, or where Debian and Ubuntu install it.
+pub fn faketime_lib() -> String {
+    std::env::var("DTX_FAKETIME_LIB")
+        .unwrap_or_else(|_| "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1".into())
 }
 
 async fn wait_until_serving(url: &str) {

@@ -16,11 +16,23 @@
 //!
 //! [`Faults`] scripts what the next calls of a (branch, action) experience: the handler erroring
 //! (RETRY), a refusal, `UNAVAILABLE` before or *after* the effect (a lost response), a delay,
-//! or a duplicated delivery.
+//! a duplicated delivery, or a status-only answer (gRPC `UNIMPLEMENTED`, or a plain HTTP 404
+//! without `grpc-status` when served through [`Bank::into_http_service`]) before or after the
+//! effect. It can also deliver phase two out of order: once a Confirm succeeded, a Cancel of
+//! the same branch arrives as if from a coordinator (and the reverse), see
+//! [`FaultRates::reorder`].
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::convert::Infallible;
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::Duration;
+
+use futures::future::BoxFuture;
+use tonic::body::Body;
+use tonic::codegen::{Service, http};
+use tonic::server::NamedService;
 
 use dtx_proto::v1::participant_server::{Participant, ParticipantServer as WireServer};
 use dtx_proto::v1::{BranchRequest, BranchResponse};
@@ -64,7 +76,24 @@ pub enum Fault {
     Delay(Duration),
     /// The call is delivered twice, concurrently; the first answer is returned.
     Duplicate,
+    /// A status-only answer instead of the participant's response: the call never reaches
+    /// the barrier (`after: false`) or runs and its answer is replaced (`after: true`).
+    Status { how: StatusAnswer, after: bool },
 }
+
+/// A status-only answer, the kind a proxy or a replica mid-deploy gives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StatusAnswer {
+    /// gRPC `UNIMPLEMENTED`.
+    Unimplemented,
+    /// A plain HTTP 404 without `grpc-status` (needs [`Bank::into_http_service`]; served
+    /// without it, the caller sees an empty response: unknown as well).
+    Http404,
+}
+
+/// Marks a response that [`Http404Proxy`] replaces by a plain HTTP 404.
+#[derive(Debug, Clone, Copy)]
+struct Replace404;
 
 /// Faults still to happen, per (branch_id, action).
 type Script = HashMap<(String, Action), VecDeque<Fault>>;
@@ -86,6 +115,21 @@ pub struct FaultRates {
     pub late_by: Duration,
     /// Try/Action only: a business refusal.
     pub refuse_forward: f64,
+    /// Any call (forward or phase two): delivered `slow_by` later, in a task of its own, so
+    /// it is still in flight when its coordinator is killed and lands afterwards.
+    pub slow: f64,
+    pub slow_by: Duration,
+    /// A status-only answer (UNIMPLEMENTED or HTTP 404, half each) without running the call.
+    pub status_before: f64,
+    /// The call runs, then its answer is replaced by a status-only one.
+    pub status_after: f64,
+    /// Outage windows `(every, lasting)`: every call arriving within the first `lasting` of
+    /// each `every` (counted from the start of the run) gets a status-only answer, before or
+    /// after its effect (half each).
+    pub status_window: Option<(Duration, Duration)>,
+    /// TCC phase two out of order: once a branch's Confirm succeeded, its Cancel is delivered
+    /// too (and a Confirm after a successful Cancel), directly at the participant.
+    pub reorder: f64,
 }
 
 /// Scripted faults per (branch_id, action); `"*"` matches every branch. Optionally also random
@@ -95,9 +139,20 @@ pub struct FaultRates {
 pub struct Faults {
     script: Arc<Mutex<Script>>,
     random: Option<(u64, FaultRates)>,
+    /// Rates for particular transactions, instead of `random`'s.
+    per_xid: Arc<Mutex<HashMap<String, FaultRates>>>,
     injected: Arc<std::sync::atomic::AtomicU64>,
     /// Every call that reached the wrapper, in arrival order.
     calls: Arc<Mutex<Vec<CallRecord>>>,
+    /// Where status windows are counted from.
+    origin: Option<tokio::time::Instant>,
+    /// Told the xid of every call that is made slow (the chaos killer aims at its driver).
+    slow_calls: Option<tokio::sync::mpsc::UnboundedSender<String>>,
+    /// Branches whose phase two was already delivered out of order once.
+    reordered: Arc<Mutex<HashSet<(String, String)>>>,
+    /// Calls so far per (xid, branch, action): the attempt number a random fault is drawn
+    /// for (a scan of `calls` under its lock made every call O(calls) and stalled long runs).
+    attempts: Arc<Mutex<HashMap<CallKey, usize>>>,
 }
 
 /// One call that reached the bank: when it arrived and finished, and what it answered.
@@ -108,8 +163,15 @@ pub struct CallRecord {
     pub action: Action,
     pub started: tokio::time::Instant,
     pub finished: Option<tokio::time::Instant>,
-    /// The answer (None if it failed with a gRPC error or is still running).
+    /// The answer (None if it failed with a gRPC error, was replaced by a status, is still
+    /// running, or its caller went away).
     pub answer: Option<BranchResponse>,
+    /// The caller's address (one connection per coordinator process).
+    pub peer: Option<SocketAddr>,
+    /// Delivered in a task of its own (delayed): it ran even if its caller went away.
+    pub detached: bool,
+    /// Not sent by a coordinator: delivered by the fault injector (out-of-order phase two).
+    pub injected: bool,
 }
 
 impl Faults {
@@ -127,8 +189,42 @@ impl Faults {
     pub fn random(seed: u64, rates: FaultRates) -> Faults {
         Faults {
             random: Some((seed, rates)),
+            origin: Some(tokio::time::Instant::now()),
             ..Faults::default()
         }
+    }
+
+    /// The calls of transaction `xid` draw their random faults at `rates` (needs
+    /// [`Faults::random`] for the seed).
+    pub fn set_rates(&self, xid: &str, rates: FaultRates) {
+        self.per_xid.lock().unwrap().insert(xid.to_string(), rates);
+    }
+
+    /// From now on, the xid of every call made slow is sent to the returned receiver.
+    pub fn watch_slow_calls(&mut self) -> tokio::sync::mpsc::UnboundedReceiver<String> {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        self.slow_calls = Some(tx);
+        rx
+    }
+
+    fn rates(&self, xid: &str) -> Option<(u64, FaultRates)> {
+        let (seed, default) = self.random?;
+        let rates = self.per_xid.lock().unwrap().get(xid).copied();
+        Some((seed, rates.unwrap_or(default)))
+    }
+
+    /// Whether a successful phase-two call of (xid, branch) is followed by its opposite.
+    fn reorder(&self, xid: &str, branch: &str) -> bool {
+        let Some((seed, r)) = self.rates(xid) else {
+            return false;
+        };
+        let key = format!("{xid}/{branch}/reorder");
+        crate::seeded_unit(seed, key.as_bytes()) < r.reorder
+            && self
+                .reordered
+                .lock()
+                .unwrap()
+                .insert((xid.to_string(), branch.to_string()))
     }
 
     /// How many faults were injected so far.
@@ -158,16 +254,29 @@ impl Faults {
     }
 
     fn drawn(&self, xid: &str, branch: &str, action: Action) -> Option<Fault> {
-        let (seed, r) = self.random?;
-        let attempt = {
-            let calls = self.calls.lock().unwrap();
-            calls
-                .iter()
-                .filter(|c| c.xid == xid && c.branch == branch && c.action == action)
-                .count()
-        };
+        let (seed, r) = self.rates(xid)?;
+        let attempt = self
+            .attempts
+            .lock()
+            .unwrap()
+            .get(&(xid.to_string(), branch.to_string(), action))
+            .copied()
+            .unwrap_or(0);
         let key = format!("{xid}/{branch}/{action}/{attempt}");
         let mut u = crate::seeded_unit(seed, key.as_bytes());
+        let v = crate::seeded_unit(seed, format!("{key}/how").as_bytes());
+        let how = if v < 0.5 {
+            StatusAnswer::Unimplemented
+        } else {
+            StatusAnswer::Http404
+        };
+        let after = (v * 4.0) as u32 % 2 == 1;
+        if let (Some((every, lasting)), Some(origin)) = (r.status_window, self.origin) {
+            let every = every.as_millis().max(1);
+            if origin.elapsed().as_millis() % every < lasting.as_millis() {
+                return Some(Fault::Status { how, after });
+            }
+        }
         let forward = action.is_forward();
         let mut draw = |p: f64| {
             let hit = u < p;
@@ -186,6 +295,12 @@ impl Faults {
             Some(Fault::Delay(r.late_by))
         } else if forward && draw(r.refuse_forward) {
             Some(Fault::Refuse)
+        } else if draw(r.slow) {
+            Some(Fault::Delay(r.slow_by))
+        } else if draw(r.status_before) {
+            Some(Fault::Status { how, after: false })
+        } else if draw(r.status_after) {
+            Some(Fault::Status { how, after: true })
         } else {
             None
         }
@@ -205,7 +320,19 @@ impl Faults {
         self.calls.lock().unwrap().clone()
     }
 
-    fn arrived(&self, request: &BranchRequest, action: Action) -> usize {
+    fn arrived(
+        &self,
+        request: &BranchRequest,
+        action: Action,
+        peer: Option<SocketAddr>,
+        injected: bool,
+    ) -> usize {
+        *self
+            .attempts
+            .lock()
+            .unwrap()
+            .entry((request.xid.clone(), request.branch_id.clone(), action))
+            .or_default() += 1;
         let mut calls = self.calls.lock().unwrap();
         calls.push(CallRecord {
             xid: request.xid.clone(),
@@ -214,8 +341,19 @@ impl Faults {
             started: tokio::time::Instant::now(),
             finished: None,
             answer: None,
+            peer,
+            detached: false,
+            injected,
         });
         calls.len() - 1
+    }
+
+    fn detached(&self, index: usize) {
+        self.calls.lock().unwrap()[index].detached = true;
+    }
+
+    fn is_detached(&self, index: usize) -> bool {
+        self.calls.lock().unwrap()[index].detached
     }
 
     fn answered(&self, index: usize, answer: &Result<BranchResponse, Status>) {
@@ -351,6 +489,55 @@ where
     }
 }
 
+impl<DB: Backend> Bank<DB>
+where
+    DB::Conn: 'static,
+{
+    /// The service behind a proxy that turns answers marked by a [`Fault::Status`] with
+    /// [`StatusAnswer::Http404`] into a plain HTTP 404 without `grpc-status`.
+    pub fn into_http_service(self) -> Http404Proxy<WireServer<Self>> {
+        Http404Proxy(self.into_service())
+    }
+
+    /// After a successful Confirm (Cancel) of a TCC branch, maybe deliver its Cancel
+    /// (Confirm) too, the way a second coordinator with the opposite decision would.
+    fn maybe_reorder(&self, request: &BranchRequest, action: Action, ok: bool) {
+        let opposite = match action {
+            Action::Confirm => Action::Cancel,
+            Action::Cancel => Action::Confirm,
+            _ => return,
+        };
+        if !ok || !self.faults.reorder(&request.xid, &request.branch_id) {
+            return;
+        }
+        let mut late = request.clone();
+        late.action = opposite.to_wire() as i32;
+        let (inner, faults) = (self.inner.clone(), self.faults.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            let index = faults.arrived(&late, opposite, None, true);
+            faults
+                .injected
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let answer = inner.handle(late).await;
+            faults.answered(index, &answer);
+        });
+    }
+}
+
+fn status_only(how: StatusAnswer) -> Result<Response<BranchResponse>, Status> {
+    match how {
+        StatusAnswer::Unimplemented => Err(Status::unimplemented(
+            "injected: dtx.v1.Participant is not served here",
+        )),
+        StatusAnswer::Http404 => {
+            let mut response = Response::new(BranchResponse::default());
+            response.extensions_mut().insert(Replace404);
+            Ok(response)
+        }
+    }
+}
+
 #[tonic::async_trait]
 impl<DB: Backend> Participant for Bank<DB>
 where
@@ -360,12 +547,14 @@ where
         &self,
         request: Request<BranchRequest>,
     ) -> Result<Response<BranchResponse>, Status> {
+        let peer = request.remote_addr();
         let request = request.into_inner();
         let Some(action) = Action::from_wire(request.action) else {
             return self.deliver(request).await.map(Response::new);
         };
-        let index = self.faults.arrived(&request, action);
+        let index = self.faults.arrived(&request, action, peer, false);
         let fault = self.faults.next(&request.xid, &request.branch_id, action);
+        let sent = request.clone();
         let answer = match fault {
             Some(Fault::UnavailableBefore) => {
                 Err(Status::unavailable("injected: unavailable before the call"))
@@ -376,7 +565,22 @@ where
                 )),
                 Err(e) => Err(e),
             },
+            Some(Fault::Status { how, after }) => {
+                if after {
+                    let ran = self.deliver(request).await;
+                    let ok = ran
+                        .as_ref()
+                        .is_ok_and(|r| r.outcome() == dtx_proto::v1::Outcome::Success);
+                    self.maybe_reorder(&sent, action, ok);
+                }
+                self.faults.answered(index, &Err(Status::unknown("status")));
+                return status_only(how);
+            }
             Some(Fault::Delay(d)) => {
+                if let Some(slow) = &self.faults.slow_calls {
+                    slow.send(request.xid.clone()).ok();
+                }
+                self.faults.detached(index);
                 let inner = self.inner.clone();
                 let faults = self.faults.clone();
                 // Detached: the delivery happens even if the caller stops waiting.
@@ -386,7 +590,7 @@ where
                     faults.answered(index, &answer);
                     answer
                 });
-                return late.await.expect("late delivery").map(Response::new);
+                late.await.expect("late delivery")
             }
             Some(Fault::Duplicate) => {
                 let (first, _second) =
@@ -402,8 +606,54 @@ where
             }
             None => self.deliver(request).await,
         };
-        self.faults.answered(index, &answer);
+        if !self.faults.is_detached(index) {
+            self.faults.answered(index, &answer);
+        }
+        let ok = answer
+            .as_ref()
+            .is_ok_and(|r| r.outcome() == dtx_proto::v1::Outcome::Success);
+        self.maybe_reorder(&sent, action, ok);
         answer.map(Response::new)
+    }
+}
+
+/// A proxy in front of the bank: answers marked [`Replace404`] become a plain HTTP 404 with
+/// no `grpc-status`, as from a misrouted load balancer.
+#[derive(Clone)]
+pub struct Http404Proxy<S>(S);
+
+impl<S: NamedService> NamedService for Http404Proxy<S> {
+    const NAME: &'static str = S::NAME;
+}
+
+impl<S> Service<http::Request<Body>> for Http404Proxy<S>
+where
+    S: Service<http::Request<Body>, Response = http::Response<Body>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    type Response = http::Response<Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<'static, Result<Self::Response, Infallible>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<Body>) -> Self::Future {
+        let answer = self.0.call(request);
+        Box::pin(async move {
+            let answer = answer.await?;
+            if answer.extensions().get::<Replace404>().is_some() {
+                return Ok(http::Response::builder()
+                    .status(404)
+                    .body(Body::empty())
+                    .unwrap());
+            }
+            Ok(answer)
+        })
     }
 }
 

@@ -5,14 +5,15 @@
 //! ./target/release/chaos --store postgres --count 10000 --kill-every-ms 2000 --seed 42
 //! ```
 //!
-//! It starts coordinator processes from the `test-coordinator` binary next to this one, prints
-//! its seed first and one summary line last, and exits non-zero on any anomaly.
+//! It starts coordinator processes from the `test-coordinator` binary next to this one (or
+//! `--coordinator-bin`), prints its seed first and one summary line last (transactions, kills,
+//! anomalies per fault class), and exits non-zero on any anomaly.
 
 use std::time::Duration;
 
 use clap::Parser;
 use dtx_sql::sqlx;
-use dtx_tests::chaos::{ChaosConfig, default_rates, run};
+use dtx_tests::chaos::{ChaosConfig, Classes, default_rates, run};
 
 #[derive(Parser)]
 struct Args {
@@ -35,6 +36,19 @@ struct Args {
     kill_every_ms: u64,
     #[arg(long, default_value_t = 32)]
     concurrency: usize,
+    /// Fault classes besides the base mix: `all`, `none`, or a list of `slow` (a), `skew`
+    /// (b), `status` (c), `reorder` (d).
+    #[arg(long, default_value = "all")]
+    classes: String,
+    /// The skewed instance's clock offset (libfaketime syntax).
+    #[arg(long, default_value = "+30s")]
+    skew: String,
+    /// The coordinators' lease.
+    #[arg(long, default_value_t = 1000)]
+    lease_ms: u64,
+    /// The coordinator binary (default: `test-coordinator` next to this one).
+    #[arg(long)]
+    coordinator_bin: Option<std::path::PathBuf>,
 }
 
 #[tokio::main]
@@ -48,15 +62,27 @@ async fn main() {
     let args = Args::parse();
     let seed = args.seed.unwrap_or_else(rand::random);
     println!("chaos: seed {seed}");
-    let bin = std::env::current_exe()
-        .expect("own path")
-        .with_file_name("test-coordinator");
+    let bin = args.coordinator_bin.clone().unwrap_or_else(|| {
+        std::env::current_exe()
+            .expect("own path")
+            .with_file_name("test-coordinator")
+    });
     if !bin.exists() {
         eprintln!(
             "{} is missing: run `cargo build --release -p dtx-tests --bins` first",
             bin.display()
         );
         std::process::exit(2);
+    }
+    let mut classes = match Classes::parse(&args.classes) {
+        Ok(classes) => classes,
+        Err(e) => {
+            eprintln!("--classes: {e}");
+            std::process::exit(2);
+        }
+    };
+    if let Some(skew) = &mut classes.skew {
+        skew.offset = args.skew.clone();
     }
     let config = ChaosConfig {
         seed,
@@ -69,6 +95,8 @@ async fn main() {
         settle_within: Duration::from_secs(300),
         coordinator_bin: bin.display().to_string(),
         accounts: 10,
+        classes,
+        lease_ms: args.lease_ms,
     };
     let report = match args.store.as_str() {
         "postgres" => run::<sqlx::Postgres>(config).await,
