@@ -34,11 +34,8 @@ fn config(classes: &str, transactions: usize) -> ChaosConfig {
 
 fn check(report: Option<ChaosReport>) {
     let Some(report) = report else { return };
-    for anomaly in &report.anomalies {
-        println!("ANOMALY {anomaly}");
-    }
-    println!("{}", report.summary());
-    assert!(report.anomalies.is_empty(), "{}", report.summary());
+    report.print();
+    assert!(report.failures().next().is_none(), "{}", report.summary());
     assert!(report.kills > 0, "the short run must kill coordinators");
 }
 
