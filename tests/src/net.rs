@@ -1,9 +1,16 @@
 //! Real gRPC servers on port 0.
 
+use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::sync::Arc;
+use std::task::{Context, Poll};
 
+use futures::future::BoxFuture;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
+use tonic::body::Body;
+use tonic::codegen::{Service, http};
+use tonic::server::NamedService;
 use tonic::transport::server::Router;
 use tonic::transport::server::TcpIncoming;
 
@@ -59,5 +66,92 @@ pub async fn serve(router: Router) -> RunningServer {
         addr,
         stop: Some(stop),
         task: Some(task),
+    }
+}
+
+/// How a misbehaving proxy in front of a participant answers one call instead of the
+/// participant: what a rolling deploy or a misrouted gateway looks like to the caller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Misroute {
+    /// A plain HTTP 404 without `grpc-status`; the call never reaches the participant.
+    Http404Before,
+    /// The participant runs the call (its effect commits); its answer becomes a plain 404.
+    Http404After,
+    /// The participant runs the call; its answer becomes gRPC `UNIMPLEMENTED`.
+    UnimplementedAfter,
+}
+
+/// Marks a response the service behind a [`MisrouteProxy`] wants replaced by a plain HTTP 404
+/// (the participant's own fault injector decides, after the effect).
+#[derive(Debug, Clone, Copy)]
+pub struct Replace404;
+
+/// Decides, per call, whether the proxy misroutes it.
+pub type MisroutePolicy = Arc<dyn Fn() -> Option<Misroute> + Send + Sync>;
+
+/// A proxy in front of a gRPC service: a call the policy picks (or whose answer carries
+/// [`Replace404`]) gets a status-only answer instead of the service's.
+#[derive(Clone)]
+pub struct MisrouteProxy<S> {
+    inner: S,
+    policy: MisroutePolicy,
+}
+
+impl<S> MisrouteProxy<S> {
+    pub fn new(inner: S, policy: MisroutePolicy) -> Self {
+        MisrouteProxy { inner, policy }
+    }
+
+    /// Only answers marked with [`Replace404`] are replaced.
+    pub fn marked(inner: S) -> Self {
+        MisrouteProxy::new(inner, Arc::new(|| None))
+    }
+}
+
+impl<S: NamedService> NamedService for MisrouteProxy<S> {
+    const NAME: &'static str = S::NAME;
+}
+
+fn plain_404() -> http::Response<Body> {
+    http::Response::builder()
+        .status(404)
+        .body(Body::empty())
+        .unwrap()
+}
+
+impl<S> Service<http::Request<Body>> for MisrouteProxy<S>
+where
+    S: Service<http::Request<Body>, Response = http::Response<Body>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    type Response = http::Response<Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<'static, Result<Self::Response, Infallible>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<Body>) -> Self::Future {
+        let how = (self.policy)();
+        if how == Some(Misroute::Http404Before) {
+            return Box::pin(async { Ok(plain_404()) });
+        }
+        let answer = self.inner.call(request);
+        Box::pin(async move {
+            let answer = answer.await?;
+            Ok(match how {
+                Some(Misroute::UnimplementedAfter) => {
+                    tonic::Status::unimplemented("dtx.v1.Participant is not served here")
+                        .into_http()
+                }
+                Some(_) => plain_404(),
+                None if answer.extensions().get::<Replace404>().is_some() => plain_404(),
+                None => answer,
+            })
+        })
     }
 }

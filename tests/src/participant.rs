@@ -23,16 +23,9 @@
 //! [`FaultRates::reorder`].
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 use std::time::Duration;
-
-use futures::future::BoxFuture;
-use tonic::body::Body;
-use tonic::codegen::{Service, http};
-use tonic::server::NamedService;
 
 use dtx_proto::v1::participant_server::{Participant, ParticipantServer as WireServer};
 use dtx_proto::v1::{BranchRequest, BranchResponse};
@@ -43,6 +36,7 @@ use dtx_sql::sqlx::Pool;
 use tonic::{Request, Response, Status};
 
 use crate::ledger;
+use crate::net::{MisrouteProxy, Replace404};
 
 /// Encodes a ledger payload.
 pub fn payload(account: &str, amount: i64) -> Vec<u8> {
@@ -90,10 +84,6 @@ pub enum StatusAnswer {
     /// without it, the caller sees an empty response: unknown as well).
     Http404,
 }
-
-/// Marks a response that [`Http404Proxy`] replaces by a plain HTTP 404.
-#[derive(Debug, Clone, Copy)]
-struct Replace404;
 
 /// Faults still to happen, per (branch_id, action).
 type Script = HashMap<(String, Action), VecDeque<Fault>>;
@@ -495,8 +485,8 @@ where
 {
     /// The service behind a proxy that turns answers marked by a [`Fault::Status`] with
     /// [`StatusAnswer::Http404`] into a plain HTTP 404 without `grpc-status`.
-    pub fn into_http_service(self) -> Http404Proxy<WireServer<Self>> {
-        Http404Proxy(self.into_service())
+    pub fn into_http_service(self) -> MisrouteProxy<WireServer<Self>> {
+        MisrouteProxy::marked(self.into_service())
     }
 
     /// After a successful Confirm (Cancel) of a TCC branch, maybe deliver its Cancel
@@ -614,46 +604,6 @@ where
             .is_ok_and(|r| r.outcome() == dtx_proto::v1::Outcome::Success);
         self.maybe_reorder(&sent, action, ok);
         answer.map(Response::new)
-    }
-}
-
-/// A proxy in front of the bank: answers marked [`Replace404`] become a plain HTTP 404 with
-/// no `grpc-status`, as from a misrouted load balancer.
-#[derive(Clone)]
-pub struct Http404Proxy<S>(S);
-
-impl<S: NamedService> NamedService for Http404Proxy<S> {
-    const NAME: &'static str = S::NAME;
-}
-
-impl<S> Service<http::Request<Body>> for Http404Proxy<S>
-where
-    S: Service<http::Request<Body>, Response = http::Response<Body>, Error = Infallible>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
-{
-    type Response = http::Response<Body>;
-    type Error = Infallible;
-    type Future = BoxFuture<'static, Result<Self::Response, Infallible>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        self.0.poll_ready(cx)
-    }
-
-    fn call(&mut self, request: http::Request<Body>) -> Self::Future {
-        let answer = self.0.call(request);
-        Box::pin(async move {
-            let answer = answer.await?;
-            if answer.extensions().get::<Replace404>().is_some() {
-                return Ok(http::Response::builder()
-                    .status(404)
-                    .body(Body::empty())
-                    .unwrap());
-            }
-            Ok(answer)
-        })
     }
 }
 
