@@ -21,7 +21,8 @@ pub fn effect(action: Action) -> (i64, i64) {
     }
 }
 
-/// Like [`crate::participant::direct`], with `request` hashed into the key when given.
+/// One barrier call in its own transaction (see [`crate::participant::direct`]), with
+/// `request` hashed into the key when given.
 pub async fn call<DB: Backend>(
     pool: &Pool<DB>,
     xid: &str,

@@ -620,6 +620,7 @@ pub enum Behave {
 
 /// One barrier call on `pool` in its own transaction, the way a service embeds the barrier
 /// without the gRPC helper: account `acct`, amount 10. Commits on `Ok`, rolls back on `Err`.
+/// No request hash (see [`crate::barrier::call`] for a call that carries one).
 pub async fn direct<DB: Backend>(
     pool: &Pool<DB>,
     xid: &str,
@@ -631,36 +632,5 @@ pub async fn direct<DB: Backend>(
 where
     DB::Conn: 'static,
 {
-    let key = dtx_sdk::barrier::BranchKey::new(xid, branch, action)?;
-    let call = BranchCall {
-        xid: xid.to_string(),
-        branch_id: branch.to_string(),
-        handler: "transfer".to_string(),
-        action,
-        payload: payload("acct", 10),
-        headers: Default::default(),
-    };
-    let tag = tag.to_string();
-    let mut tx = DB::begin(pool).await?;
-    let answer = dtx_sdk::barrier::call(DB::conn(&mut tx), key, move |conn| {
-        Box::pin(async move {
-            effect(conn, &call).await?;
-            match behave {
-                Behave::Ok => Ok(Reply::Success(format!("{action}:{tag}").into_bytes())),
-                Behave::Refuse => Ok(Reply::refuse(format!("refused:{tag}"))),
-                Behave::Error => Err(format!("error:{tag}").into()),
-            }
-        })
-    })
-    .await;
-    match answer {
-        Ok(answer) => {
-            tx.commit().await?;
-            Ok(answer)
-        }
-        Err(e) => {
-            tx.rollback().await.ok();
-            Err(e)
-        }
-    }
+    crate::barrier::call(pool, xid, branch, action, behave, tag, None).await
 }
