@@ -841,10 +841,13 @@ fn check_one(
 }
 
 /// Runs the harness on a fresh coordinator database and a fresh bank database of kind `DB`.
-pub async fn run<DB: TestBackend>(cfg: ChaosConfig) -> Option<ChaosReport>
+pub async fn run<DB: TestBackend>(mut cfg: ChaosConfig) -> Option<ChaosReport>
 where
     DB::Conn: 'static,
 {
+    if cfg.classes.skew.is_some() && !crate::coordinator::faketime_or_skip("chaos class b-skew") {
+        cfg.classes.skew = None;
+    }
     const START_BALANCE: i64 = 1_000_000;
     let store = TestDb::<DB>::create(&[Schema::Coordinator]).await?;
     let bank_db: &'static TestDb<DB> =

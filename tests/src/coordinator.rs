@@ -114,6 +114,11 @@ impl Process {
         Self::start_on(bin, store, free_addr().await, extra).await
     }
 
+    /// Starts it with its wall clock shifted by `skew` (a libfaketime offset such as `"+30s"`).
+    pub async fn start_skewed(bin: &str, store: &str, extra: &[&str], skew: &str) -> Process {
+        Self::start_with(bin, store, free_addr().await, extra, Some(skew)).await
+    }
+
     /// Starts it on a given address (to restart "the same" coordinator).
     pub async fn start_on(bin: &str, store: &str, addr: SocketAddr, extra: &[&str]) -> Process {
         Self::start_with(bin, store, addr, extra, None).await
@@ -138,7 +143,10 @@ impl Process {
             // which would stand between the SIGKILL and the coordinator): the wall clock only,
             // the monotonic clock stays the host's.
             command
-                .env("LD_PRELOAD", faketime_lib())
+                .env(
+                    "LD_PRELOAD",
+                    faketime_lib().expect("libfaketime is not installed (Debian package faketime)"),
+                )
                 .env("FAKETIME", offset)
                 .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
         }
@@ -182,10 +190,35 @@ impl Process {
     }
 }
 
-/// libfaketime's preload library: `DTX_FAKETIME_LIB`, or where Debian and Ubuntu install it.
-pub fn faketime_lib() -> String {
-    std::env::var("DTX_FAKETIME_LIB")
-        .unwrap_or_else(|_| "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1".into())
+/// libfaketime's preload library: `DTX_FAKETIME_LIB`, or where Debian and Ubuntu install it;
+/// `None` if it is not there (Debian package `faketime`; `.ci/run` installs it).
+pub fn faketime_lib() -> Option<String> {
+    if let Ok(lib) = std::env::var("DTX_FAKETIME_LIB") {
+        return Some(lib);
+    }
+    [
+        "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
+        "/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1",
+        "/usr/lib/faketime/libfaketime.so.1",
+    ]
+    .into_iter()
+    .find(|p| std::path::Path::new(p).exists())
+    .map(String::from)
+}
+
+/// Whether skewed-clock runs can happen here. Without libfaketime they are skipped with a
+/// message, like the database tests - except under CI, where that fails: a preload of a
+/// missing library is silently ignored, and a "skewed" instance would run on the host's clock.
+pub fn faketime_or_skip(what: &str) -> bool {
+    if faketime_lib().is_some() {
+        return true;
+    }
+    let message = format!("{what}: libfaketime is not installed (Debian package faketime)");
+    if crate::db::in_ci() {
+        panic!("{message} (CI=true: skewed-clock tests must not be skipped)");
+    }
+    eprintln!("skipping {message}");
+    false
 }
 
 async fn wait_until_serving(url: &str) {

@@ -6,7 +6,6 @@
 //! Needs `faketime` (Debian package; `.ci/run` installs it). Multi-instance, so PostgreSQL
 //! and MariaDB only (a SQLite file has one coordinator).
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use dtx_proto::v1::{BranchStatus, TxStatus};
@@ -14,7 +13,7 @@ use dtx_sdk::Error;
 use dtx_sdk::barrier::Action;
 use dtx_sdk::client::{Coordinator, SagaStep, TccBranch, TccOptions};
 use dtx_sql::sqlx;
-use dtx_tests::coordinator::Process;
+use dtx_tests::coordinator::{Process, faketime_or_skip};
 use dtx_tests::db::{TestBackend, TestDb, with_db};
 use dtx_tests::ledger;
 use dtx_tests::net::serve;
@@ -27,31 +26,6 @@ const BIN: &str = env!("CARGO_BIN_EXE_test-coordinator");
 /// Lease 3 s (renewed every second), poll 100 ms.
 const FLAGS: &[&str] = &["--lease-ms", "3000", "--poll-ms", "100"];
 const LEASE_AND_POLL: Duration = Duration::from_millis(3100);
-
-/// An executable that runs the coordinator with its clock shifted by `skew`: a small script
-/// that preloads libfaketime and `exec`s the coordinator, so the pid the harness SIGKILLs is
-/// the coordinator itself (the `faketime` command forks and would survive as the parent).
-fn skewed_bin(dir: &tempfile::TempDir, skew: &str) -> String {
-    let lib = [
-        "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
-        "/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1",
-        "/usr/lib/faketime/libfaketime.so.1",
-    ]
-    .into_iter()
-    .find(|p| PathBuf::from(p).exists())
-    .expect("libfaketime is not installed (Debian package faketime; .ci/run installs it)");
-    let path = dir.path().join("skewed-coordinator");
-    std::fs::write(
-        &path,
-        format!(
-            "#!/bin/sh\nLD_PRELOAD={lib} FAKETIME='{skew}' FAKETIME_DONT_RESET=1 exec {BIN} \"$@\"\n"
-        ),
-    )
-    .unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
-    path.to_string_lossy().into_owned()
-}
 
 /// A two-step saga whose first action takes `slow` at the participant.
 async fn submit_saga(
@@ -77,6 +51,9 @@ async fn one_clock<DB: TestBackend>(db: &'static TestDb<DB>, skew: &'static str)
 where
     DB::Conn: 'static,
 {
+    if !faketime_or_skip("clock_skew") {
+        return;
+    }
     ledger::create_tables(&db.pool).await;
     ledger::open_account(&db.pool, "alice", START).await;
     ledger::open_account(&db.pool, "bob", START).await;
@@ -86,9 +63,8 @@ where
     )
     .await;
     let bank_url = bank.url();
-    let dir = tempfile::tempdir().unwrap();
     let honest = Process::start(BIN, &db.url, FLAGS).await;
-    let skewed = Process::start(&skewed_bin(&dir, skew), &db.url, FLAGS).await;
+    let skewed = Process::start_skewed(BIN, &db.url, FLAGS, skew).await;
     let (a, b) = (honest.client().await, skewed.client().await);
 
     // Sagas on both instances, each with an action slower than a lease renewal period: a
