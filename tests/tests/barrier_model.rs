@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use dtx_sdk::barrier::{Action, Answer, Detail, Reply};
 use dtx_sql::Schema;
-use dtx_tests::barrier::call;
+use dtx_tests::barrier::{call, effect};
 use dtx_tests::db::{TestBackend, TestDb};
 use dtx_tests::ledger;
 use dtx_tests::participant::Behave;
@@ -47,17 +47,6 @@ struct Model {
 }
 
 type Expected = Result<(bool, Detail, Option<Vec<u8>>), ()>;
-
-/// The ledger effect of one executed action (see `dtx_tests::participant`).
-fn effect(action: Action) -> (i64, i64) {
-    match action {
-        Action::Try => (-10, 10),
-        Action::Confirm => (0, -10),
-        Action::Cancel => (10, -10),
-        Action::Action => (-10, 0),
-        Action::Compensate => (10, 0),
-    }
-}
 
 impl Model {
     fn new() -> Self {
