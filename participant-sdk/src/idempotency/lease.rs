@@ -62,8 +62,9 @@ impl<DB: Backend> Lease<DB> {
     /// Runs `work` while renewing the lease every third of it, so only a dead owner (crashed,
     /// its future dropped, its runtime stalled past a lease) loses the record; a slow but live
     /// one keeps it, and repeats are told "in progress" instead of taking it over. Work that
-    /// may wait forever needs its own timeout: while its future lives, the lease does too. The one renewal loop
-    /// of lease mode: [`Idempotency::run_with_lease`] and the HTTP layer both use it. If the
+    /// may wait forever needs its own timeout: while its future lives, the lease does too.
+    /// The one renewal loop of lease mode: [`Idempotency::run_with_lease`] and the HTTP layer
+    /// both use it. If the
     /// lease is lost anyway (a renewal came too late), renewing stops and `work` still finishes;
     /// [`Lease::complete`] then refuses. A failed renewal (database hiccup) is tried again at
     /// the next tick.
