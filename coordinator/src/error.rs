@@ -27,6 +27,10 @@ pub enum Error {
     /// -> UNAVAILABLE
     #[error("store unavailable: {0}")]
     Store(#[from] dtx_sql::sqlx::Error),
+    /// The store's connection was lost while a batch of writes committed: each write's outcome
+    /// is unknown (the one cause is shared by every caller of the batch). -> UNAVAILABLE
+    #[error("store unavailable, outcome unknown: {0}")]
+    Unavailable(String),
     #[error("store migration failed: {0}")]
     Migrate(#[from] dtx_sql::sqlx::migrate::MigrateError),
     /// The store holds something the coordinator cannot read (a bug or manual edit). -> INTERNAL
@@ -38,6 +42,18 @@ pub enum Error {
     /// The coordinator is shutting down. -> UNAVAILABLE
     #[error("coordinator is shutting down")]
     ShuttingDown,
+}
+
+impl Error {
+    /// Whether the store's connection was lost (the outcome of a write in flight is unknown),
+    /// as opposed to an error of one statement.
+    pub fn is_connection_lost(&self) -> bool {
+        match self {
+            Error::Store(e) => dtx_sql::is_connection_error(e),
+            Error::Unavailable(_) => true,
+            _ => false,
+        }
+    }
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -45,9 +45,11 @@ impl From<Error> for Status {
                 s
             }
             Error::WrongState(m) => Status::failed_precondition(m),
-            Error::Store(_) | Error::Migrate(_) | Error::Io(_) | Error::ShuttingDown => {
-                Status::unavailable(e.to_string())
-            }
+            Error::Store(_)
+            | Error::Unavailable(_)
+            | Error::Migrate(_)
+            | Error::Io(_)
+            | Error::ShuttingDown => Status::unavailable(e.to_string()),
             Error::Corrupt(_) => Status::internal(e.to_string()),
         }
     }

@@ -7,7 +7,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dtx_coordinator::domain::{BranchRow, BranchState, Decision, TxStatus};
-use dtx_coordinator::store::{Progress, SqlStore, Store, StoreOptions, Write, Written};
+use dtx_coordinator::store::{
+    BeginTcc, Created, Decide, Decided, Progress, Progressed, RegisterBranch, Registered, SqlStore,
+    Store, StoreOptions,
+};
 use dtx_sql::{Schema, now_ms};
 use dtx_tests::db::{TestBackend, TestDb};
 use dtx_tests::test_on_all_databases;
@@ -21,8 +24,8 @@ async fn store<DB: TestBackend>(db: &TestDb<DB>) -> Arc<dyn Store> {
     )
 }
 
-fn begin(xid: &str, timeout_ms: i64) -> Write {
-    Write::BeginTcc {
+fn begin(xid: &str, timeout_ms: i64) -> BeginTcc {
+    BeginTcc {
         xid: xid.into(),
         timeout_ms,
         deadline_ms: now_ms() + timeout_ms,
@@ -41,8 +44,8 @@ fn branch(id: &str) -> BranchRow {
     }
 }
 
-fn register(xid: &str, id: &str, max: i64) -> Write {
-    Write::RegisterBranch {
+fn register(xid: &str, id: &str, max: i64) -> RegisterBranch {
+    RegisterBranch {
         xid: xid.into(),
         branch: branch(id),
         max_branches: max,
@@ -50,8 +53,8 @@ fn register(xid: &str, id: &str, max: i64) -> Write {
     }
 }
 
-fn decide(xid: &str, decision: Decision, fence: i64) -> Write {
-    Write::Decide {
+fn decide(xid: &str, decision: Decision, fence: i64) -> Decide {
+    Decide {
         xid: xid.into(),
         decision,
         owner: "me".into(),
@@ -60,8 +63,8 @@ fn decide(xid: &str, decision: Decision, fence: i64) -> Write {
     }
 }
 
-fn progress(xid: &str, fence: i64, from: TxStatus, to: TxStatus) -> Write {
-    Write::Progress(Progress {
+fn progress(xid: &str, fence: i64, from: TxStatus, to: TxStatus) -> Progress {
+    Progress {
         xid: xid.into(),
         fence,
         new_fence: None,
@@ -72,32 +75,32 @@ fn progress(xid: &str, fence: i64, from: TxStatus, to: TxStatus) -> Write {
         due_ms: None,
         last_error: None,
         branches: Vec::new(),
-    })
+    }
 }
 
 async fn stale_workers_cannot_move_a_transaction<DB: TestBackend>(db: &'static TestDb<DB>) {
     let s = store(db).await;
     assert_eq!(
-        s.write(begin("x1", 60_000)).await.unwrap(),
-        Written::Inserted
+        s.begin_tcc(begin("x1", 60_000)).await.unwrap(),
+        Created::Inserted
     );
     assert_eq!(
-        s.write(register("x1", "b1", 64)).await.unwrap(),
-        Written::Registered { begun: false }
+        s.register_branch(register("x1", "b1", 64)).await.unwrap(),
+        Registered::Added { begun: false }
     );
-    let Written::Decided { branches, .. } =
-        s.write(decide("x1", Decision::Commit, 42)).await.unwrap()
+    let Decided::Claimed { branches, .. } =
+        s.decide(decide("x1", Decision::Commit, 42)).await.unwrap()
     else {
         panic!("decide");
     };
     assert_eq!(branches.len(), 1);
     // The opposite decision, a second decision, a wrong fence, a wrong expected status: nothing.
     assert!(matches!(
-        s.write(decide("x1", Decision::Rollback, 7)).await.unwrap(),
-        Written::Exists(_)
+        s.decide(decide("x1", Decision::Rollback, 7)).await.unwrap(),
+        Decided::Exists(_)
     ));
     assert_eq!(
-        s.write(progress(
+        s.progress(progress(
             "x1",
             41,
             TxStatus::Committing,
@@ -105,10 +108,10 @@ async fn stale_workers_cannot_move_a_transaction<DB: TestBackend>(db: &'static T
         ))
         .await
         .unwrap(),
-        Written::Fenced
+        Progressed::Fenced
     );
     assert_eq!(
-        s.write(progress(
+        s.progress(progress(
             "x1",
             42,
             TxStatus::RollingBack,
@@ -116,7 +119,7 @@ async fn stale_workers_cannot_move_a_transaction<DB: TestBackend>(db: &'static T
         ))
         .await
         .unwrap(),
-        Written::Fenced
+        Progressed::Fenced
     );
     let got = s.get("x1").await.unwrap().unwrap();
     assert_eq!(
@@ -125,7 +128,7 @@ async fn stale_workers_cannot_move_a_transaction<DB: TestBackend>(db: &'static T
     );
     // The owner finishes; from then on even the right fence changes nothing.
     assert_eq!(
-        s.write(progress(
+        s.progress(progress(
             "x1",
             42,
             TxStatus::Committing,
@@ -133,10 +136,10 @@ async fn stale_workers_cannot_move_a_transaction<DB: TestBackend>(db: &'static T
         ))
         .await
         .unwrap(),
-        Written::Applied
+        Progressed::Applied
     );
     assert_eq!(
-        s.write(progress(
+        s.progress(progress(
             "x1",
             42,
             TxStatus::Committing,
@@ -144,7 +147,7 @@ async fn stale_workers_cannot_move_a_transaction<DB: TestBackend>(db: &'static T
         ))
         .await
         .unwrap(),
-        Written::Fenced
+        Progressed::Fenced
     );
     let got = s.get("x1").await.unwrap().unwrap();
     assert_eq!(got.global.status, TxStatus::Committed);
@@ -158,19 +161,19 @@ test_on_all_databases!(
 async fn branches_are_registered_only_while_trying<DB: TestBackend>(db: &'static TestDb<DB>) {
     let s = store(db).await;
     assert_eq!(
-        s.write(register("nope", "b1", 64)).await.unwrap(),
-        Written::Missing
+        s.register_branch(register("nope", "b1", 64)).await.unwrap(),
+        Registered::Missing
     );
-    s.write(begin("x1", 60_000)).await.unwrap();
+    s.begin_tcc(begin("x1", 60_000)).await.unwrap();
     assert_eq!(
-        s.write(register("x1", "b1", 2)).await.unwrap(),
-        Written::Registered { begun: false }
+        s.register_branch(register("x1", "b1", 2)).await.unwrap(),
+        Registered::Added { begun: false }
     );
     // A repeat reports the existing branch and does not count twice.
-    let Written::NotRegistered {
+    let Registered::Refused {
         existing: Some(b),
         global,
-    } = s.write(register("x1", "b1", 2)).await.unwrap()
+    } = s.register_branch(register("x1", "b1", 2)).await.unwrap()
     else {
         panic!("repeat");
     };
@@ -183,43 +186,43 @@ async fn branches_are_registered_only_while_trying<DB: TestBackend>(db: &'static
         ("b1", &b"p"[..], 1)
     );
     assert_eq!(
-        s.write(register("x1", "b2", 2)).await.unwrap(),
-        Written::Registered { begun: false }
+        s.register_branch(register("x1", "b2", 2)).await.unwrap(),
+        Registered::Added { begun: false }
     );
     // Over the limit.
-    let Written::NotRegistered {
+    let Registered::Refused {
         existing: None,
         global,
-    } = s.write(register("x1", "b3", 2)).await.unwrap()
+    } = s.register_branch(register("x1", "b3", 2)).await.unwrap()
     else {
         panic!("limit");
     };
     assert_eq!(global.branch_count, 2);
     // After the decision.
-    s.write(decide("x1", Decision::Rollback, 1)).await.unwrap();
-    let Written::NotRegistered {
+    s.decide(decide("x1", Decision::Rollback, 1)).await.unwrap();
+    let Registered::Refused {
         existing: None,
         global,
-    } = s.write(register("x1", "b9", 64)).await.unwrap()
+    } = s.register_branch(register("x1", "b9", 64)).await.unwrap()
     else {
         panic!("after decision");
     };
     assert_eq!(global.status, TxStatus::RollingBack);
     // Past the deadline.
-    s.write(begin("x2", 1)).await.unwrap();
+    s.begin_tcc(begin("x2", 1)).await.unwrap();
     tokio::time::sleep(Duration::from_millis(5)).await;
     assert!(matches!(
-        s.write(register("x2", "b1", 64)).await.unwrap(),
-        Written::NotRegistered { .. }
+        s.register_branch(register("x2", "b1", 64)).await.unwrap(),
+        Registered::Refused { .. }
     ));
     // Commit is refused past the deadline; Rollback is not.
     assert!(matches!(
-        s.write(decide("x2", Decision::Commit, 1)).await.unwrap(),
-        Written::Exists(_)
+        s.decide(decide("x2", Decision::Commit, 1)).await.unwrap(),
+        Decided::Exists(_)
     ));
     assert!(matches!(
-        s.write(decide("x2", Decision::Rollback, 1)).await.unwrap(),
-        Written::Decided { .. }
+        s.decide(decide("x2", Decision::Rollback, 1)).await.unwrap(),
+        Decided::Claimed { .. }
     ));
     let rows = s.get("x1").await.unwrap().unwrap().branches;
     assert_eq!(
@@ -236,24 +239,24 @@ test_on_all_databases!(
 
 async fn the_first_branch_can_begin_its_transaction<DB: TestBackend>(db: &'static TestDb<DB>) {
     let s = store(db).await;
-    let lazy = |id: &str| Write::RegisterBranch {
+    let lazy = |id: &str| RegisterBranch {
         xid: "lazy".into(),
         branch: branch(id),
         max_branches: 64,
         begin: Some((60_000, now_ms() + 60_000)),
     };
     assert_eq!(
-        s.write(lazy("b1")).await.unwrap(),
-        Written::Registered { begun: true }
+        s.register_branch(lazy("b1")).await.unwrap(),
+        Registered::Added { begun: true }
     );
     // The next branch (and a repeat) find it begun.
     assert_eq!(
-        s.write(lazy("b2")).await.unwrap(),
-        Written::Registered { begun: false }
+        s.register_branch(lazy("b2")).await.unwrap(),
+        Registered::Added { begun: false }
     );
     assert!(matches!(
-        s.write(lazy("b1")).await.unwrap(),
-        Written::NotRegistered {
+        s.register_branch(lazy("b1")).await.unwrap(),
+        Registered::Refused {
             existing: Some(_),
             ..
         }
@@ -269,14 +272,14 @@ async fn the_first_branch_can_begin_its_transaction<DB: TestBackend>(db: &'stati
     );
     // An explicit Begin with the same timeout is an identical repeat.
     assert!(matches!(
-        s.write(begin("lazy", 60_000)).await.unwrap(),
-        Written::Exists(_)
+        s.begin_tcc(begin("lazy", 60_000)).await.unwrap(),
+        Created::Exists(_)
     ));
     // After the decision the lazy path does not create anything new.
-    s.write(decide("lazy", Decision::Commit, 3)).await.unwrap();
+    s.decide(decide("lazy", Decision::Commit, 3)).await.unwrap();
     assert!(matches!(
-        s.write(lazy("b3")).await.unwrap(),
-        Written::NotRegistered { existing: None, .. }
+        s.register_branch(lazy("b3")).await.unwrap(),
+        Registered::Refused { existing: None, .. }
     ));
 }
 test_on_all_databases!(
@@ -288,10 +291,10 @@ async fn concurrent_writes_share_commits<DB: TestBackend>(db: &'static TestDb<DB
     let s = store(db).await;
     let writes = (0..300).map(|i| {
         let s = s.clone();
-        tokio::spawn(async move { s.write(begin(&format!("g{i}"), 60_000)).await.unwrap() })
+        tokio::spawn(async move { s.begin_tcc(begin(&format!("g{i}"), 60_000)).await.unwrap() })
     });
     let results = join_all(writes).await;
-    assert!(results.into_iter().all(|r| r.unwrap() == Written::Inserted));
+    assert!(results.into_iter().all(|r| r.unwrap() == Created::Inserted));
     let (commits, writes) = s.stats().snapshot();
     assert_eq!(writes, 300);
     assert!(
@@ -305,13 +308,51 @@ async fn concurrent_writes_share_commits<DB: TestBackend>(db: &'static TestDb<DB
 }
 test_on_all_databases!(concurrent_writes_share_commits, &[Schema::Coordinator]);
 
+/// A write the store refuses (here a transition the status rule forbids) fails alone, with its
+/// own error, even when it shares a batch: its neighbours commit, and the caller learns it was
+/// refused (INTERNAL), not that the store is unavailable.
+async fn one_invalid_write_in_a_batch_fails_alone<DB: TestBackend>(db: &'static TestDb<DB>) {
+    let options = StoreOptions {
+        writers: 1,
+        ..StoreOptions::default()
+    };
+    let s: Arc<dyn Store> = Arc::new(SqlStore::<DB>::open(&db.url, options).await.unwrap());
+    s.begin_tcc(begin("bad", 60_000)).await.unwrap();
+    // Queued in one go with the invalid write in the middle: while the one writer commits what
+    // it took first, the rest wait in the queue and form the next batch together.
+    let good = |range: std::ops::Range<i32>| {
+        join_all(range.map(|i| s.begin_tcc(begin(&format!("ok{i}"), 60_000))))
+    };
+    let bad = s.progress(progress("bad", 0, TxStatus::Trying, TxStatus::Committed));
+    let (before, bad, after) = tokio::join!(good(0..10), bad, good(10..20));
+    match bad {
+        Err(e @ dtx_coordinator::Error::Corrupt(_)) => {
+            assert_eq!(tonic::Status::from(e).code(), tonic::Code::Internal)
+        }
+        other => panic!("the invalid write: {other:?}"),
+    }
+    for (i, result) in before.into_iter().chain(after).enumerate() {
+        assert_eq!(result.unwrap(), Created::Inserted, "write ok{i}");
+    }
+    let row = s.get("bad").await.unwrap().unwrap().global;
+    assert_eq!(
+        row.status,
+        TxStatus::Trying,
+        "the refused write changed nothing"
+    );
+}
+test_on_all_databases!(
+    one_invalid_write_in_a_batch_fails_alone,
+    &[Schema::Coordinator]
+);
+
 async fn concurrent_claimers_take_disjoint_work<DB: TestBackend>(db: &'static TestDb<DB>) {
     let s1 = store(db).await;
     let s2 = store(db).await;
     for i in 0..40 {
-        s1.write(begin(&format!("due{i}"), 1)).await.unwrap();
+        s1.begin_tcc(begin(&format!("due{i}"), 1)).await.unwrap();
     }
-    s1.write(begin("later", 60_000)).await.unwrap();
+    s1.begin_tcc(begin("later", 60_000)).await.unwrap();
     tokio::time::sleep(Duration::from_millis(10)).await;
     let (a, b) = tokio::join!(
         s1.claim_due("one", Duration::from_secs(30), 25),
@@ -348,19 +389,16 @@ async fn finished_transactions_are_purged_with_their_branches<DB: TestBackend>(
     let s = store(db).await;
     for i in 0..7 {
         let xid = format!("old{i}");
-        s.write(begin(&xid, 60_000)).await.unwrap();
-        s.write(register(&xid, "b1", 64)).await.unwrap();
-        s.write(decide(&xid, Decision::Commit, 5)).await.unwrap();
+        s.begin_tcc(begin(&xid, 60_000)).await.unwrap();
+        s.register_branch(register(&xid, "b1", 64)).await.unwrap();
+        s.decide(decide(&xid, Decision::Commit, 5)).await.unwrap();
         let mut done = branch("b1");
         done.state = BranchState::Confirmed;
-        let Write::Progress(mut p) = progress(&xid, 5, TxStatus::Committing, TxStatus::Committed)
-        else {
-            unreachable!()
-        };
+        let mut p = progress(&xid, 5, TxStatus::Committing, TxStatus::Committed);
         p.branches = vec![done];
-        assert_eq!(s.write(Write::Progress(p)).await.unwrap(), Written::Applied);
+        assert_eq!(s.progress(p).await.unwrap(), Progressed::Applied);
     }
-    s.write(begin("running", 60_000)).await.unwrap();
+    s.begin_tcc(begin("running", 60_000)).await.unwrap();
     tokio::time::sleep(Duration::from_millis(5)).await;
     assert_eq!(s.purge_finished(now_ms(), 3).await.unwrap(), 7);
     assert!(s.get("old3").await.unwrap().is_none());
@@ -380,12 +418,12 @@ async fn parked_transactions_are_counted_for_the_alert_gauge<DB: TestBackend>(
     let s = store(db).await;
     assert_eq!(s.count_parked().await.unwrap(), 0);
     for xid in ["p1", "p2", "ok"] {
-        s.write(begin(xid, 60_000)).await.unwrap();
-        s.write(decide(xid, Decision::Commit, 9)).await.unwrap();
+        s.begin_tcc(begin(xid, 60_000)).await.unwrap();
+        s.decide(decide(xid, Decision::Commit, 9)).await.unwrap();
     }
     for xid in ["p1", "p2"] {
         let written = s
-            .write(progress(
+            .progress(progress(
                 xid,
                 9,
                 TxStatus::Committing,
@@ -393,7 +431,7 @@ async fn parked_transactions_are_counted_for_the_alert_gauge<DB: TestBackend>(
             ))
             .await
             .unwrap();
-        assert_eq!(written, Written::Applied);
+        assert_eq!(written, Progressed::Applied);
     }
     assert_eq!(s.count_parked().await.unwrap(), 2);
 }

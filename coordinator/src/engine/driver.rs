@@ -36,7 +36,7 @@ use crate::domain::graph::{
     turn_to_compensation,
 };
 use crate::domain::{BranchRow, BranchState, Decision, Kind, TxStatus};
-use crate::store::{Progress, Write, Written};
+use crate::store::{Progress, Progressed};
 
 /// Where a transaction is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -519,10 +519,10 @@ impl Inner {
     /// driver then stops and recovery takes over once the lease expires).
     pub(super) async fn write_fenced(&self, progress: Progress) -> bool {
         let xid = progress.xid.clone();
-        match self.store.write(Write::Progress(progress)).await {
-            Ok(Written::Applied) => true,
-            Ok(other) => {
-                tracing::info!(%xid, ?other, "another coordinator owns the transaction now; stopping");
+        match self.store.progress(progress).await {
+            Ok(Progressed::Applied) => true,
+            Ok(Progressed::Fenced) => {
+                tracing::info!(%xid, "another coordinator owns the transaction now; stopping");
                 false
             }
             Err(e) => {

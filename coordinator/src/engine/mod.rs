@@ -29,7 +29,10 @@ use crate::domain::graph::Graph;
 use crate::domain::saga::SagaPlan;
 use crate::domain::{BranchRow, BranchState, Decision, GlobalRow, Kind, TxRecord, TxStatus};
 use crate::error::{Error, Result};
-use crate::store::{Progress, Store, Write, Written};
+use crate::store::{
+    BeginTcc, Created, Decide, Decided, Progress, Progressed, RegisterBranch, Registered, Store,
+    SubmitSaga,
+};
 
 pub use driver::Ended;
 pub use metrics::Metrics;
@@ -268,14 +271,14 @@ impl Engine {
         let written = self
             .inner
             .store
-            .write(Write::BeginTcc {
+            .begin_tcc(BeginTcc {
                 xid: xid.clone(),
                 timeout_ms,
                 deadline_ms,
             })
             .await?;
         match written {
-            Written::Inserted => {
+            Created::Inserted => {
                 self.inner.metrics.started(Kind::Tcc);
                 Ok(GlobalRow {
                     xid,
@@ -294,15 +297,12 @@ impl Engine {
                     updated_ms: now,
                 })
             }
-            Written::Exists(row) if row.kind == Kind::Tcc && row.timeout_ms == timeout_ms => {
+            Created::Exists(row) if row.kind == Kind::Tcc && row.timeout_ms == timeout_ms => {
                 Ok(row)
             }
-            Written::Exists(row) => Err(Error::Conflict(format!(
+            Created::Exists(row) => Err(Error::Conflict(format!(
                 "xid {xid:?} is already used by a {} transaction with timeout {} ms",
                 row.kind, row.timeout_ms
-            ))),
-            other => Err(Error::Corrupt(format!(
-                "unexpected answer to Begin: {other:?}"
             ))),
         }
     }
@@ -334,7 +334,7 @@ impl Engine {
         let written = self
             .inner
             .store
-            .write(Write::RegisterBranch {
+            .register_branch(RegisterBranch {
                 xid: xid.clone(),
                 branch: row.clone(),
                 max_branches: limits::MAX_BRANCHES as i64,
@@ -342,14 +342,14 @@ impl Engine {
             })
             .await?;
         match written {
-            Written::Registered { begun } => {
+            Registered::Added { begun } => {
                 if begun {
                     self.inner.metrics.started(Kind::Tcc);
                 }
                 Ok(())
             }
-            Written::Missing => Err(Error::UnknownXid(xid)),
-            Written::NotRegistered {
+            Registered::Missing => Err(Error::UnknownXid(xid)),
+            Registered::Refused {
                 existing: Some(b), ..
             } => {
                 let same = b.target == row.target
@@ -366,7 +366,7 @@ impl Engine {
                     )))
                 }
             }
-            Written::NotRegistered {
+            Registered::Refused {
                 global,
                 existing: None,
             } => Err(if global.kind != Kind::Tcc {
@@ -389,9 +389,6 @@ impl Engine {
                     limits::MAX_BRANCHES
                 )))
             }),
-            other => Err(Error::Corrupt(format!(
-                "unexpected answer to RegisterBranch: {other:?}"
-            ))),
         }
     }
 
@@ -412,7 +409,7 @@ impl Engine {
         let written = self
             .inner
             .store
-            .write(Write::Decide {
+            .decide(Decide {
                 xid: xid.clone(),
                 decision,
                 owner: self.inner.config.instance.clone(),
@@ -421,20 +418,20 @@ impl Engine {
             })
             .await?;
         let status = match written {
-            Written::Decided { global, branches } => {
+            Decided::Claimed { global, branches } => {
                 let phase = Phase::Settle(decision);
                 let record = TxRecord { global, branches };
                 let job = self.job(&record, fence, phase)?;
                 self.spawn(job, record.global);
                 phase.status()
             }
-            Written::Missing => return Err(Error::UnknownXid(xid)),
-            Written::Exists(row) if row.kind != Kind::Tcc => {
+            Decided::Missing => return Err(Error::UnknownXid(xid)),
+            Decided::Exists(row) if row.kind != Kind::Tcc => {
                 return Err(Error::WrongState(format!(
                     "xid {xid:?} is a saga; Commit/Rollback are for TCC transactions"
                 )));
             }
-            Written::Exists(row) => match row.decision {
+            Decided::Exists(row) => match row.decision {
                 Some(d) if d == decision => row.status,
                 Some(other) => {
                     return Err(Error::Decided {
@@ -457,11 +454,6 @@ impl Engine {
                     });
                 }
             },
-            other => {
-                return Err(Error::Corrupt(format!(
-                    "unexpected answer to Commit/Rollback: {other:?}"
-                )));
-            }
         };
         match wait {
             Some(wait) => Ok(self.wait(&xid, wait).await?.global.status),
@@ -508,12 +500,12 @@ impl Engine {
         match self
             .inner
             .store
-            .write(Write::SubmitSaga {
+            .submit_saga(SubmitSaga {
                 global: global.clone(),
             })
             .await?
         {
-            Written::Inserted => {
+            Created::Inserted => {
                 self.inner.metrics.started(Kind::Saga);
                 let record = TxRecord {
                     global: global.clone(),
@@ -523,8 +515,8 @@ impl Engine {
                 self.spawn(job, record.global);
                 Ok(global)
             }
-            Written::Exists(row) if row.kind == Kind::Saga && row.spec == global.spec => Ok(row),
-            Written::Exists(row) => Err(Error::Conflict(format!(
+            Created::Exists(row) if row.kind == Kind::Saga && row.spec == global.spec => Ok(row),
+            Created::Exists(row) => Err(Error::Conflict(format!(
                 "xid {:?} is already used by a different {}",
                 request.xid,
                 if row.kind == Kind::Saga {
@@ -532,9 +524,6 @@ impl Engine {
                 } else {
                     "TCC transaction"
                 }
-            ))),
-            other => Err(Error::Corrupt(format!(
-                "unexpected answer to SubmitSaga: {other:?}"
             ))),
         }
     }
@@ -628,8 +617,8 @@ impl Engine {
             last_error: None,
             branches: branches.clone(),
         };
-        match self.inner.store.write(Write::Progress(progress)).await? {
-            Written::Applied => {
+        match self.inner.store.progress(progress).await? {
+            Progressed::Applied => {
                 let resumed = TxRecord {
                     global: GlobalRow {
                         status: phase.status(),
@@ -642,7 +631,7 @@ impl Engine {
                 tracing::info!(%xid, "resumed by an operator");
                 self.get(xid).await
             }
-            _ => Err(Error::WrongState(format!(
+            Progressed::Fenced => Err(Error::WrongState(format!(
                 "transaction {xid:?} changed while resuming; read it again"
             ))),
         }

@@ -11,7 +11,7 @@ use super::Engine;
 use super::driver::Phase;
 use crate::domain::{Decision, Kind, TxRecord, TxStatus};
 use crate::error::Result;
-use crate::store::{Progress, Write, Written};
+use crate::store::{Progress, Progressed};
 
 pub(super) async fn run(engine: Engine) {
     let config = engine.inner.config.clone();
@@ -81,7 +81,7 @@ async fn take_over(engine: &Engine, mut record: TxRecord) -> Result<()> {
                 last_error: Some("deadline passed before a decision".into()),
                 branches: Vec::new(),
             };
-            if engine.inner.store.write(Write::Progress(progress)).await? != Written::Applied {
+            if engine.inner.store.progress(progress).await? != Progressed::Applied {
                 return Ok(()); // a client's Rollback won the race; its driver runs it
             }
             tracing::info!(xid = %g.xid, "deadline passed undecided: rolling back");

@@ -1,7 +1,8 @@
 //! Durable state behind a small trait, one implementation for all three databases.
 //!
-//! Every state change is a [`Write`]: a conditional statement set (expected status, fencing
-//! token) that either applies completely or reports why not. Writes go through one
+//! Every state change is one typed write ([`BeginTcc`], [`RegisterBranch`], [`Decide`],
+//! [`SubmitSaga`], [`Progress`]): a conditional statement set (expected status, fencing token)
+//! that either applies completely or answers, in its own outcome type, why not. Writes go through one
 //! group-commit path per pool ([`writer`]): concurrent writes of many transactions are applied
 //! in one database transaction and each caller is answered when that commit is durable. With a
 //! batch size of one this is plain per-call commits; raising it is configuration.
@@ -23,39 +24,42 @@ pub use clock::DbClock;
 pub use sql::SqlStore;
 pub(crate) use sql::new_fence;
 
-/// A durable state change.
+/// Creates a TCC transaction in TRYING unless the xid exists.
 #[derive(Debug, Clone)]
-pub enum Write {
-    /// Creates a TCC transaction in TRYING unless the xid exists.
-    BeginTcc {
-        xid: String,
-        timeout_ms: i64,
-        deadline_ms: i64,
-    },
-    /// Adds a branch to a TRYING transaction before its deadline, within the branch limit;
-    /// with `begin` (timeout, deadline) it first begins the transaction if it does not exist.
-    RegisterBranch {
-        xid: String,
-        branch: BranchRow,
-        max_branches: i64,
-        begin: Option<(i64, i64)>,
-    },
-    /// TRYING -> COMMITTING/ROLLING_BACK (Commit only before the deadline), claiming the
-    /// transaction for `owner` with a fresh fencing token; answers with the branches to drive.
-    Decide {
-        xid: String,
-        decision: Decision,
-        owner: String,
-        fence: i64,
-        due_ms: i64,
-    },
-    /// Creates a saga (its whole definition in one row) unless the xid exists.
-    SubmitSaga { global: GlobalRow },
-    /// A fenced change by the transaction's driver.
-    Progress(Progress),
+pub struct BeginTcc {
+    pub xid: String,
+    pub timeout_ms: i64,
+    pub deadline_ms: i64,
 }
 
-/// A fenced change of a transaction's status, ownership and branch progress.
+/// Creates a saga (its whole definition in one row) unless the xid exists.
+#[derive(Debug, Clone)]
+pub struct SubmitSaga {
+    pub global: GlobalRow,
+}
+
+/// Adds a branch to a TRYING transaction before its deadline, within the branch limit; with
+/// `begin` (timeout, deadline) it first begins the transaction if it does not exist.
+#[derive(Debug, Clone)]
+pub struct RegisterBranch {
+    pub xid: String,
+    pub branch: BranchRow,
+    pub max_branches: i64,
+    pub begin: Option<(i64, i64)>,
+}
+
+/// TRYING -> COMMITTING/ROLLING_BACK (Commit only before the deadline), claiming the
+/// transaction for `owner` with a fresh fencing token.
+#[derive(Debug, Clone)]
+pub struct Decide {
+    pub xid: String,
+    pub decision: Decision,
+    pub owner: String,
+    pub fence: i64,
+    pub due_ms: i64,
+}
+
+/// A fenced change of a transaction's status, ownership and branch progress by its driver.
 #[derive(Debug, Clone)]
 pub struct Progress {
     pub xid: String,
@@ -79,27 +83,48 @@ pub struct Progress {
     pub branches: Vec<BranchRow>,
 }
 
-/// What a [`Write`] did.
+/// What [`Store::begin_tcc`] and [`Store::submit_saga`] did.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Written {
+pub enum Created {
     /// The transaction row was created.
     Inserted,
     /// The xid already exists: this is its row (the caller decides whether that is a repeat).
     Exists(GlobalRow),
+}
+
+/// What [`Store::register_branch`] did.
+#[derive(Debug, Clone, PartialEq)]
+// Returned once per call, never stored: its size does not matter.
+#[allow(clippy::large_enum_variant)]
+pub enum Registered {
+    /// The branch was added (`begun`: and the transaction created for it).
+    Added { begun: bool },
     /// No transaction has this xid.
     Missing,
-    /// The branch was added (`begun`: and the transaction created for it).
-    Registered { begun: bool },
     /// The branch was not added: the transaction's current row and the branch if it exists.
-    NotRegistered {
+    Refused {
         global: GlobalRow,
         existing: Option<BranchRow>,
     },
+}
+
+/// What [`Store::decide`] did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decided {
     /// The decision is recorded: the transaction as it is now, and the branches to drive.
-    Decided {
+    Claimed {
         global: GlobalRow,
         branches: Vec<BranchRow>,
     },
+    /// No transaction has this xid.
+    Missing,
+    /// Not TRYING (or past the deadline for a Commit): the transaction's row as it is.
+    Exists(GlobalRow),
+}
+
+/// What [`Store::progress`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Progressed {
     /// The change applied.
     Applied,
     /// The fencing token or expected status no longer matched: someone else owns it now.
@@ -126,8 +151,17 @@ impl StoreStats {
 
 /// The coordinator's durable state.
 pub trait Store: Send + Sync + 'static {
-    /// Applies one write through the group-commit path; returns once it is durable.
-    fn write(&self, write: Write) -> BoxFuture<'_, Result<Written>>;
+    // Writes: each goes through the group-commit path and returns once it is durable.
+
+    fn begin_tcc(&self, write: BeginTcc) -> BoxFuture<'_, Result<Created>>;
+
+    fn submit_saga(&self, write: SubmitSaga) -> BoxFuture<'_, Result<Created>>;
+
+    fn register_branch(&self, write: RegisterBranch) -> BoxFuture<'_, Result<Registered>>;
+
+    fn decide(&self, write: Decide) -> BoxFuture<'_, Result<Decided>>;
+
+    fn progress(&self, write: Progress) -> BoxFuture<'_, Result<Progressed>>;
 
     /// Reads a transaction and its branches.
     fn get<'a>(&'a self, xid: &'a str) -> BoxFuture<'a, Result<Option<TxRecord>>>;

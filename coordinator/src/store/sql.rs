@@ -10,7 +10,10 @@ use futures::future::BoxFuture;
 
 use super::clock::{DB_NOW_MS, DbClock};
 use super::writer::Writer;
-use super::{Progress, Store, StoreOptions, StoreStats, Write, Written};
+use super::{
+    BeginTcc, Created, Decide, Decided, Progress, Progressed, RegisterBranch, Registered, Store,
+    StoreOptions, StoreStats, SubmitSaga,
+};
 use crate::domain::record::{decode_headers, encode_headers};
 use crate::domain::{BranchRow, BranchState, Decision, GlobalRow, Kind, TxRecord, TxStatus};
 use crate::error::{Error, Result};
@@ -228,7 +231,23 @@ impl<DB: Backend> SqlStore<DB> {
 }
 
 impl<DB: Backend> Store for SqlStore<DB> {
-    fn write(&self, write: Write) -> BoxFuture<'_, Result<Written>> {
+    fn begin_tcc(&self, write: BeginTcc) -> BoxFuture<'_, Result<Created>> {
+        Box::pin(self.writer.submit(write))
+    }
+
+    fn submit_saga(&self, write: SubmitSaga) -> BoxFuture<'_, Result<Created>> {
+        Box::pin(self.writer.submit(write))
+    }
+
+    fn register_branch(&self, write: RegisterBranch) -> BoxFuture<'_, Result<Registered>> {
+        Box::pin(self.writer.submit(write))
+    }
+
+    fn decide(&self, write: Decide) -> BoxFuture<'_, Result<Decided>> {
+        Box::pin(self.writer.submit(write))
+    }
+
+    fn progress(&self, write: Progress) -> BoxFuture<'_, Result<Progressed>> {
         Box::pin(self.writer.submit(write))
     }
 
@@ -275,112 +294,170 @@ pub(crate) fn new_fence() -> i64 {
     rand::random::<i64>() & i64::MAX
 }
 
-/// Applies one write inside the batch's open transaction; `now` is the database's time.
-pub(super) async fn apply<C: Conn>(conn: &mut C, write: &Write, now: i64) -> Result<Written> {
-    match write {
-        Write::BeginTcc {
-            xid,
-            timeout_ms,
-            deadline_ms,
-        } => {
-            let inserted = begin_tcc(conn, xid, *timeout_ms, *deadline_ms, now, 0).await?;
-            existing_unless_inserted(conn, xid, inserted).await
-        }
-        Write::SubmitSaga { global: g } => {
+/// A write the writer applies inside a batch's open transaction; `now` is the database's time.
+pub(super) trait Apply: Send + 'static {
+    type Outcome: Send + 'static;
+
+    /// The transaction it changes (batches apply writes in xid order).
+    fn xid(&self) -> &str;
+
+    fn apply<C: Conn>(
+        &self,
+        conn: &mut C,
+        now: i64,
+    ) -> impl Future<Output = Result<Self::Outcome>> + Send;
+}
+
+impl Apply for BeginTcc {
+    type Outcome = Created;
+
+    fn xid(&self) -> &str {
+        &self.xid
+    }
+
+    async fn apply<C: Conn>(&self, conn: &mut C, now: i64) -> Result<Created> {
+        let inserted =
+            begin_tcc(conn, &self.xid, self.timeout_ms, self.deadline_ms, now, 0).await?;
+        created_unless_exists(conn, &self.xid, inserted).await
+    }
+}
+
+impl Apply for SubmitSaga {
+    type Outcome = Created;
+
+    fn xid(&self) -> &str {
+        &self.global.xid
+    }
+
+    async fn apply<C: Conn>(&self, conn: &mut C, now: i64) -> Result<Created> {
+        let g = &self.global;
+        let inserted = conn
+            .execute(
+                INSERT_GLOBAL.pick(C::DIALECT),
+                args![
+                    g.xid.as_str(),
+                    g.kind.as_str(),
+                    g.status.as_str(),
+                    g.decision.map(Decision::as_str),
+                    g.timeout_ms,
+                    g.deadline_ms,
+                    g.spec.as_ref(),
+                    0i64,
+                    g.owner.as_ref(),
+                    g.fence,
+                    g.due_ms,
+                    now,
+                    now
+                ],
+            )
+            .await?;
+        created_unless_exists(conn, &g.xid, inserted).await
+    }
+}
+
+impl Apply for RegisterBranch {
+    type Outcome = Registered;
+
+    fn xid(&self) -> &str {
+        &self.xid
+    }
+
+    async fn apply<C: Conn>(&self, conn: &mut C, now: i64) -> Result<Registered> {
+        let (xid, b) = (self.xid.as_str(), &self.branch);
+        // A branch that may begin its transaction is usually the first: insert the
+        // transaction with this branch already counted (one statement, not three); if it
+        // exists, count the branch under the row lock as any other.
+        let begun = match self.begin {
+            Some((timeout_ms, deadline_ms)) => {
+                begin_tcc(conn, xid, timeout_ms, deadline_ms, now, 1).await? == 1
+            }
+            None => false,
+        };
+        let counted = if begun {
+            1
+        } else {
+            conn.execute(COUNT_BRANCH, args![xid, now, self.max_branches])
+                .await?
+        };
+        if counted == 1 {
+            let headers = encode_headers(&b.headers);
             let inserted = conn
                 .execute(
-                    INSERT_GLOBAL.pick(C::DIALECT),
+                    INSERT_BRANCH.pick(C::DIALECT),
                     args![
-                        g.xid.as_str(),
-                        g.kind.as_str(),
-                        g.status.as_str(),
-                        g.decision.map(Decision::as_str),
-                        g.timeout_ms,
-                        g.deadline_ms,
-                        g.spec.as_ref(),
-                        0i64,
-                        g.owner.as_ref(),
-                        g.fence,
-                        g.due_ms,
-                        now,
+                        xid,
+                        b.branch_id.as_str(),
+                        b.seq,
+                        b.target.as_str(),
+                        b.handler.as_str(),
+                        &b.payload,
+                        &headers,
+                        b.call_timeout_ms,
                         now
                     ],
                 )
                 .await?;
-            existing_unless_inserted(conn, &g.xid, inserted).await
-        }
-        Write::RegisterBranch {
-            xid,
-            branch: b,
-            max_branches,
-            begin,
-        } => {
-            // A branch that may begin its transaction is usually the first: insert the
-            // transaction with this branch already counted (one statement, not three); if it
-            // exists, count the branch under the row lock as any other.
-            let begun = match *begin {
-                Some((timeout_ms, deadline_ms)) => {
-                    begin_tcc(conn, xid, timeout_ms, deadline_ms, now, 1).await? == 1
-                }
-                None => false,
-            };
-            let counted = if begun {
-                1
-            } else {
-                let count = args![xid.as_str(), now, *max_branches];
-                conn.execute(COUNT_BRANCH, count).await?
-            };
-            if counted == 1 {
-                let headers = encode_headers(&b.headers);
-                let inserted = conn
-                    .execute(
-                        INSERT_BRANCH.pick(C::DIALECT),
-                        args![
-                            xid.as_str(),
-                            b.branch_id.as_str(),
-                            b.seq,
-                            b.target.as_str(),
-                            b.handler.as_str(),
-                            &b.payload,
-                            &headers,
-                            b.call_timeout_ms,
-                            now
-                        ],
-                    )
-                    .await?;
-                if inserted == 1 {
-                    return Ok(Written::Registered { begun });
-                }
-                conn.execute(UNCOUNT_BRANCH, args![xid.as_str()]).await?;
+            if inserted == 1 {
+                return Ok(Registered::Added { begun });
             }
-            let Some(global) = read_global(conn, xid).await? else {
-                return Ok(Written::Missing);
-            };
-            let existing = read_branch(conn, xid, &b.branch_id).await?;
-            Ok(Written::NotRegistered { global, existing })
+            conn.execute(UNCOUNT_BRANCH, args![xid]).await?;
         }
-        Write::Decide {
-            xid,
-            decision,
-            owner,
-            fence,
-            due_ms,
-        } => {
-            let claim = args![owner.as_str(), *fence, *due_ms, now, xid.as_str(), now];
-            let n = match decision {
-                // Commit only before the deadline; Rollback whatever the deadline.
-                Decision::Commit => conn.execute(DECIDE_COMMIT, claim).await?,
-                _ => conn.execute(DECIDE_ROLLBACK, &claim[..5]).await?,
-            };
-            if n == 1 {
-                let TxRecord { global, branches } = read_tcc_record(conn, xid)
-                    .await?
-                    .ok_or_else(|| Error::Corrupt(format!("{xid} vanished while deciding")))?;
-                return Ok(Written::Decided { global, branches });
+        let Some(global) = read_global(conn, xid).await? else {
+            return Ok(Registered::Missing);
+        };
+        let existing = read_branch(conn, xid, &b.branch_id).await?;
+        Ok(Registered::Refused { global, existing })
+    }
+}
+
+impl Apply for Decide {
+    type Outcome = Decided;
+
+    fn xid(&self) -> &str {
+        &self.xid
+    }
+
+    async fn apply<C: Conn>(&self, conn: &mut C, now: i64) -> Result<Decided> {
+        let (xid, owner) = (self.xid.as_str(), self.owner.as_str());
+        let n = match self.decision {
+            // Commit only before the deadline; Rollback whatever the deadline.
+            Decision::Commit => {
+                conn.execute(
+                    DECIDE_COMMIT,
+                    args![owner, self.fence, self.due_ms, now, xid, now],
+                )
+                .await?
             }
-            existing_unless_inserted(conn, xid, 0).await
+            _ => {
+                conn.execute(
+                    DECIDE_ROLLBACK,
+                    args![owner, self.fence, self.due_ms, now, xid],
+                )
+                .await?
+            }
+        };
+        if n == 1 {
+            let TxRecord { global, branches } = read_tcc_record(conn, xid)
+                .await?
+                .ok_or_else(|| Error::Corrupt(format!("{xid} vanished while deciding")))?;
+            return Ok(Decided::Claimed { global, branches });
         }
-        Write::Progress(p) => progress(conn, p, now).await,
+        Ok(match read_global(conn, xid).await? {
+            Some(row) => Decided::Exists(row),
+            None => Decided::Missing,
+        })
+    }
+}
+
+impl Apply for Progress {
+    type Outcome = Progressed;
+
+    fn xid(&self) -> &str {
+        &self.xid
+    }
+
+    async fn apply<C: Conn>(&self, conn: &mut C, now: i64) -> Result<Progressed> {
+        progress(conn, self, now).await
     }
 }
 
@@ -416,21 +493,18 @@ async fn begin_tcc<C: Conn>(
         .await?)
 }
 
-async fn existing_unless_inserted<C: Conn>(
-    conn: &mut C,
-    xid: &str,
-    inserted: u64,
-) -> Result<Written> {
+/// `Inserted`, or the row that was there before the insert was ignored.
+async fn created_unless_exists<C: Conn>(conn: &mut C, xid: &str, inserted: u64) -> Result<Created> {
     if inserted == 1 {
-        return Ok(Written::Inserted);
+        return Ok(Created::Inserted);
     }
-    Ok(match read_global(conn, xid).await? {
-        Some(row) => Written::Exists(row),
-        None => Written::Missing,
-    })
+    read_global(conn, xid)
+        .await?
+        .map(Created::Exists)
+        .ok_or_else(|| Error::Corrupt(format!("{xid} was neither inserted nor found")))
 }
 
-async fn progress<C: Conn>(conn: &mut C, p: &Progress, now: i64) -> Result<Written> {
+async fn progress<C: Conn>(conn: &mut C, p: &Progress, now: i64) -> Result<Progressed> {
     if !TxStatus::transition_allowed(p.from, p.to, p.decision) {
         return Err(Error::Corrupt(format!(
             "refusing to move {} from {} to {} with decision {:?}",
@@ -456,12 +530,12 @@ async fn progress<C: Conn>(conn: &mut C, p: &Progress, now: i64) -> Result<Writt
         )
         .await?;
     if n != 1 {
-        return Ok(Written::Fenced);
+        return Ok(Progressed::Fenced);
     }
     if !p.branches.is_empty() {
         upsert_branches(conn, &p.xid, &p.branches, now).await?;
     }
-    Ok(Written::Applied)
+    Ok(Progressed::Applied)
 }
 
 /// Records branch progress in one statement: inserts saga steps seen the first time, updates

@@ -6,27 +6,98 @@
 //! every caller. While one batch commits the next one fills, so under load one commit carries
 //! the writes of many transactions; with one caller it is a plain commit per write.
 //!
-//! If a batch fails (a database error in one write), it is rolled back and each write is
-//! retried alone, so one bad write cannot fail its neighbours. If the commit itself fails, the
-//! outcome is unknown and every caller gets the error; all writes are idempotent or fenced,
-//! so callers may repeat them.
+//! If a batch fails for any reason but a lost connection (a database error in one write, a
+//! write the store refuses), it is rolled back and each write is retried alone, so one bad
+//! write fails alone with its own error. If the connection is lost, the outcome is unknown and
+//! every caller of the batch gets `Unavailable`; all writes are idempotent or fenced, so
+//! callers may repeat them.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use dtx_sql::Backend;
 use dtx_sql::sqlx::Pool;
+use dtx_sql::{Backend, Conn};
 use tokio::sync::{Mutex, mpsc, oneshot};
 
 use super::clock::DbClock;
-use super::sql::apply;
-use super::{StoreOptions, StoreStats, Write, Written};
+use super::sql::Apply;
+use super::{BeginTcc, Decide, Progress, RegisterBranch, StoreOptions, StoreStats, SubmitSaga};
 use crate::error::{Error, Result};
 
-struct Job {
-    write: Write,
-    reply: oneshot::Sender<Result<Written>>,
+/// A queued write, its outcome once applied, and where the caller waits for it.
+pub(super) struct Slot<W: Apply> {
+    write: W,
+    outcome: Option<W::Outcome>,
+    reply: oneshot::Sender<Result<W::Outcome>>,
 }
+
+impl<W: Apply> Slot<W> {
+    fn answer(self, result: Result<()>) {
+        let answer = result.and_then(|()| {
+            self.outcome
+                .ok_or_else(|| Error::Corrupt("a committed write has no outcome".into()))
+        });
+        self.reply.send(answer).ok();
+    }
+}
+
+/// Every kind of write, each with its own typed reply channel.
+// Moved once into the queue; boxing the larger kinds would cost an allocation per write.
+#[allow(clippy::large_enum_variant)]
+pub(super) enum Job {
+    BeginTcc(Slot<BeginTcc>),
+    SubmitSaga(Slot<SubmitSaga>),
+    RegisterBranch(Slot<RegisterBranch>),
+    Decide(Slot<Decide>),
+    Progress(Slot<Progress>),
+}
+
+/// Runs `$body` with `$slot` bound to the job's typed slot, whatever its kind.
+macro_rules! with_slot {
+    ($job:expr, $slot:ident => $body:expr) => {
+        match $job {
+            Job::BeginTcc($slot) => $body,
+            Job::SubmitSaga($slot) => $body,
+            Job::RegisterBranch($slot) => $body,
+            Job::Decide($slot) => $body,
+            Job::Progress($slot) => $body,
+        }
+    };
+}
+
+impl Job {
+    fn xid(&self) -> &str {
+        with_slot!(self, s => s.write.xid())
+    }
+
+    async fn apply<C: Conn>(&mut self, conn: &mut C, now: i64) -> Result<()> {
+        with_slot!(self, s => {
+            s.outcome = Some(s.write.apply(conn, now).await?);
+        });
+        Ok(())
+    }
+
+    fn answer(self, result: Result<()>) {
+        with_slot!(self, s => s.answer(result))
+    }
+}
+
+/// A write type the writer can queue.
+pub(super) trait Queue: Apply + Sized {
+    fn job(slot: Slot<Self>) -> Job;
+}
+
+macro_rules! queue {
+    ($($write:ident),*) => {$(
+        impl Queue for $write {
+            fn job(slot: Slot<Self>) -> Job {
+                Job::$write(slot)
+            }
+        }
+    )*};
+}
+
+queue!(BeginTcc, SubmitSaga, RegisterBranch, Decide, Progress);
 
 /// The submitting side of the group-commit path.
 pub(super) struct Writer {
@@ -56,10 +127,15 @@ impl Writer {
     }
 
     /// Queues a write and waits until it is durable (or failed).
-    pub(super) async fn submit(&self, write: Write) -> Result<Written> {
+    pub(super) async fn submit<W: Queue>(&self, write: W) -> Result<W::Outcome> {
         let (reply, answer) = oneshot::channel();
+        let slot = Slot {
+            write,
+            outcome: None,
+            reply,
+        };
         self.queue
-            .send(Job { write, reply })
+            .send(W::job(slot))
             .map_err(|_| Error::ShuttingDown)?;
         answer.await.map_err(|_| Error::ShuttingDown)?
     }
@@ -81,72 +157,46 @@ async fn run<DB: Backend>(
             }
         }
         // Stable: writes of one transaction keep their order.
-        batch.sort_by(|a, b| xid_of(&a.write).cmp(xid_of(&b.write)));
-        let writes: Vec<&Write> = batch.iter().map(|j| &j.write).collect();
-        match commit::<DB>(&pool, &writes, &clock).await {
-            Ok(results) => {
+        batch.sort_by(|a, b| a.xid().cmp(b.xid()));
+        match commit::<DB>(&pool, &mut batch, &clock).await {
+            Ok(()) => {
                 stats.commits.fetch_add(1, Ordering::Relaxed);
                 stats
                     .writes
-                    .fetch_add(results.len() as u64, Ordering::Relaxed);
-                for (job, result) in batch.drain(..).zip(results) {
-                    job.reply.send(Ok(result)).ok();
+                    .fetch_add(batch.len() as u64, Ordering::Relaxed);
+                for job in batch.drain(..) {
+                    job.answer(Ok(()));
                 }
             }
-            Err(e) if batch.len() > 1 && !dtx_sql::is_connection_error(&e) => {
+            Err(e) if batch.len() > 1 && !e.is_connection_lost() => {
                 tracing::debug!(error = %e, size = batch.len(), "batch failed; applying its writes one by one");
-                for job in batch.drain(..) {
-                    let result = commit::<DB>(&pool, &[&job.write], &clock).await;
+                for mut job in batch.drain(..) {
+                    let result = commit::<DB>(&pool, std::slice::from_mut(&mut job), &clock).await;
                     if result.is_ok() {
                         stats.commits.fetch_add(1, Ordering::Relaxed);
                         stats.writes.fetch_add(1, Ordering::Relaxed);
                     }
-                    job.reply
-                        .send(result.map(|mut r| r.remove(0)).map_err(Error::from))
-                        .ok();
+                    job.answer(result);
                 }
             }
             Err(e) => {
                 tracing::warn!(error = %e, size = batch.len(), "store write failed");
                 let message = e.to_string();
                 for job in batch.drain(..) {
-                    job.reply
-                        .send(Err(Error::Store(dtx_sql::sqlx::Error::Protocol(
-                            message.clone(),
-                        ))))
-                        .ok();
+                    job.answer(Err(Error::Unavailable(message.clone())));
                 }
             }
         }
     }
 }
 
-fn xid_of(write: &Write) -> &str {
-    match write {
-        Write::BeginTcc { xid, .. }
-        | Write::RegisterBranch { xid, .. }
-        | Write::Decide { xid, .. } => xid,
-        Write::SubmitSaga { global } => &global.xid,
-        Write::Progress(p) => &p.xid,
-    }
-}
-
-/// Applies `writes` in one transaction and commits it.
-async fn commit<DB: Backend>(
-    pool: &Pool<DB>,
-    writes: &[&Write],
-    clock: &DbClock,
-) -> std::result::Result<Vec<Written>, dtx_sql::sqlx::Error> {
+/// Applies `jobs` in one transaction and commits it.
+async fn commit<DB: Backend>(pool: &Pool<DB>, jobs: &mut [Job], clock: &DbClock) -> Result<()> {
     let mut tx = DB::begin(pool).await?;
     let now = clock.now_ms();
-    let mut results = Vec::with_capacity(writes.len());
-    for write in writes {
-        match apply(DB::conn(&mut tx), write, now).await {
-            Ok(written) => results.push(written),
-            Err(Error::Store(e)) => return Err(e),
-            Err(other) => return Err(dtx_sql::sqlx::Error::Protocol(other.to_string())),
-        }
+    for job in jobs.iter_mut() {
+        job.apply(DB::conn(&mut tx), now).await?;
     }
     tx.commit().await?;
-    Ok(results)
+    Ok(())
 }
