@@ -4,9 +4,11 @@
 
 pub mod backoff;
 pub mod graph;
+pub mod job;
 pub mod record;
 pub mod saga;
 pub mod status;
+pub mod tcc;
 
 pub use record::{BranchRow, GlobalRow, TxRecord};
 pub use status::{BranchState, Decision, Kind, TxStatus};

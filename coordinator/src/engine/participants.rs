@@ -9,19 +9,7 @@ use dtx_proto::v1::participant_client::ParticipantClient;
 use dtx_proto::v1::{BranchAction, BranchRequest};
 use tonic::transport::{Channel, Endpoint};
 
-/// What a participant call established (classified by [`dtx_proto::answer`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum CallOutcome {
-    /// SUCCESS, with the result payload.
-    Success(Vec<u8>),
-    /// FAILURE in a well-formed response: an explicit refusal without effect.
-    Failure(String),
-    /// The call was never sent (the target is not a valid endpoint): no effect.
-    NotSent(String),
-    /// RETRY, a timeout, a transport error, any gRPC status: the effect may or may not
-    /// have happened.
-    Unknown(String),
-}
+use crate::domain::job::CallOutcome;
 
 /// One branch call.
 #[derive(Debug, Clone)]

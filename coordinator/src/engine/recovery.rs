@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use super::Engine;
-use super::driver::Phase;
+use crate::domain::job::Phase;
 use crate::domain::{Decision, Kind, TxRecord, TxStatus};
 use crate::error::Result;
 use crate::store::{Progress, Progressed};

@@ -1,0 +1,148 @@
+//! The transactions this instance drives: building a driver's job from a stored record and
+//! running the driver in the background, visible to Get and Wait while it runs.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use dtx_proto::limits;
+use dtx_proto::v1::SubmitSagaRequest;
+use prost::Message;
+use tokio::sync::watch;
+use tracing::Instrument;
+
+use super::{Active, Engine, View, driver};
+use crate::domain::backoff::RetryPolicy;
+use crate::domain::graph::Graph;
+use crate::domain::job::{Job, Phase, StepRun};
+use crate::domain::saga::SagaPlan;
+use crate::domain::{BranchRow, GlobalRow, Kind, TxRecord};
+use crate::error::{Error, Result};
+
+impl Engine {
+    pub(super) fn active(&self, xid: &str) -> Option<Arc<Active>> {
+        self.inner
+            .active
+            .lock()
+            .expect("active lock")
+            .get(xid)
+            .cloned()
+    }
+
+    /// Builds the driver's job for a record in `phase`, holding `fence`.
+    pub(super) fn job(&self, record: &TxRecord, fence: i64, phase: Phase) -> Result<Job> {
+        let g = &record.global;
+        let (graph, steps) = match g.kind {
+            Kind::Tcc => {
+                let steps = record
+                    .branches
+                    .iter()
+                    .map(|b| {
+                        let policy = RetryPolicy {
+                            call_timeout: if b.call_timeout_ms > 0 {
+                                Duration::from_millis(b.call_timeout_ms as u64)
+                            } else {
+                                limits::DEFAULT_CALL_TIMEOUT
+                            },
+                            ..RetryPolicy::default()
+                        };
+                        StepRun::new(
+                            b.clone(),
+                            Vec::new(),
+                            b.payload.clone(),
+                            b.headers.clone(),
+                            policy,
+                        )
+                    })
+                    .collect::<Vec<_>>();
+                (Graph::independent(steps.len()), steps)
+            }
+            Kind::Saga => {
+                let spec = g
+                    .spec
+                    .as_deref()
+                    .ok_or_else(|| Error::Corrupt(format!("saga {:?} has no definition", g.xid)))?;
+                let request = SubmitSagaRequest::decode(spec)
+                    .map_err(|e| Error::Corrupt(format!("saga {:?} definition: {e}", g.xid)))?;
+                let plan = SagaPlan::from_request(&request)?;
+                let recorded: HashMap<&str, &BranchRow> = record
+                    .branches
+                    .iter()
+                    .map(|b| (b.branch_id.as_str(), b))
+                    .collect();
+                let steps = plan
+                    .steps
+                    .iter()
+                    .enumerate()
+                    .map(|(i, s)| {
+                        let row = recorded
+                            .get(s.name.as_str())
+                            .map(|r| (*r).clone())
+                            .unwrap_or_else(|| BranchRow {
+                                branch_id: s.name.clone(),
+                                seq: i as i64,
+                                target: s.target.clone(),
+                                handler: s.handler.clone(),
+                                ..BranchRow::default()
+                            });
+                        StepRun::new(
+                            row,
+                            s.action_payload.clone(),
+                            s.compensate_payload.clone(),
+                            s.headers.clone(),
+                            s.retry,
+                        )
+                    })
+                    .collect();
+                (plan.graph, steps)
+            }
+        };
+        Ok(Job::new(
+            g.xid.clone(),
+            g.kind,
+            fence,
+            phase,
+            (g.kind == Kind::Saga).then_some(g.deadline_ms),
+            graph,
+            steps,
+        ))
+    }
+
+    /// Runs a driver for `job` in the background, visible to Get/Wait while it runs.
+    pub(super) fn spawn(&self, job: Job, global: GlobalRow) {
+        let xid = job.xid.clone();
+        let active = Arc::new(Active {
+            global,
+            view: watch::channel(View {
+                status: job.phase.status(),
+                branches: Vec::new(),
+                last_error: None,
+                ended: None,
+            })
+            .0,
+        });
+        self.inner
+            .active
+            .lock()
+            .expect("active lock")
+            .insert(xid.clone(), active.clone());
+        let inner = self.inner.clone();
+        inner.drivers.fetch_add(1, Ordering::SeqCst);
+        let span = tracing::info_span!("tx", xid = %xid, kind = %job.kind);
+        tokio::spawn(
+            async move {
+                let ended = driver::drive(inner.clone(), job, active.clone()).await;
+                tracing::debug!(?ended, "driver ended");
+                active.view.send_modify(|v| v.ended = Some(ended));
+                let mut map = inner.active.lock().expect("active lock");
+                if map.get(&xid).is_some_and(|a| Arc::ptr_eq(a, &active)) {
+                    map.remove(&xid);
+                }
+                drop(map);
+                inner.drivers.fetch_sub(1, Ordering::SeqCst);
+            }
+            .instrument(span),
+        );
+    }
+}

@@ -1,0 +1,79 @@
+//! Sagas: one write stores the whole definition, then this instance runs it.
+
+use dtx_proto::limits;
+use dtx_proto::v1::SubmitSagaRequest;
+use prost::Message;
+
+use super::Engine;
+use crate::domain::job::Phase;
+use crate::domain::saga::SagaPlan;
+use crate::domain::{GlobalRow, Kind, TxRecord, TxStatus};
+use crate::error::{Error, Result};
+use crate::store::{Created, SubmitSaga};
+
+impl Engine {
+    /// Validates and stores a saga in one write, then runs it. An identical repeat returns the
+    /// existing saga.
+    pub async fn submit_saga(&self, mut request: SubmitSagaRequest) -> Result<GlobalRow> {
+        // How long the caller waits is not part of the definition.
+        request.wait_timeout_ms = 0;
+        if request.xid.is_empty() {
+            request.xid = uuid::Uuid::new_v4().to_string();
+        }
+        limits::check_xid(&request.xid)?;
+        let plan = SagaPlan::from_request(&request)?;
+        if self.is_shutting_down() {
+            return Err(Error::ShuttingDown);
+        }
+        // Canonical form: the resolved timeout, so "0 (default)" and "60000" are the same saga.
+        request.timeout_ms = plan.timeout.as_millis() as u64;
+        let spec = request.encode_to_vec();
+        let now = self.inner.now_ms();
+        let fence = crate::store::new_fence();
+        let global = GlobalRow {
+            xid: request.xid.clone(),
+            kind: Kind::Saga,
+            status: TxStatus::Running,
+            decision: None,
+            timeout_ms: request.timeout_ms as i64,
+            deadline_ms: now + request.timeout_ms as i64,
+            spec: Some(spec),
+            branch_count: request.steps.len() as i64,
+            owner: Some(self.inner.config.instance.clone()),
+            fence,
+            due_ms: Some(now + self.inner.config.lease.as_millis() as i64),
+            last_error: None,
+            created_ms: now,
+            updated_ms: now,
+        };
+        match self
+            .inner
+            .store
+            .submit_saga(SubmitSaga {
+                global: global.clone(),
+            })
+            .await?
+        {
+            Created::Inserted => {
+                self.inner.metrics.started(Kind::Saga);
+                let record = TxRecord {
+                    global: global.clone(),
+                    branches: Vec::new(),
+                };
+                let job = self.job(&record, fence, Phase::Forward)?;
+                self.spawn(job, record.global);
+                Ok(global)
+            }
+            Created::Exists(row) if row.kind == Kind::Saga && row.spec == global.spec => Ok(row),
+            Created::Exists(row) => Err(Error::Conflict(format!(
+                "xid {:?} is already used by a different {}",
+                request.xid,
+                if row.kind == Kind::Saga {
+                    "saga definition"
+                } else {
+                    "TCC transaction"
+                }
+            ))),
+        }
+    }
+}
