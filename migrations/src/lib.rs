@@ -10,6 +10,11 @@
 //!   written once with `?` placeholders (translated to `$n` for PostgreSQL, never inside string
 //!   literals - our SQL has no `?` in literals).
 //!
+//! * One **SQL vocabulary**: [`db_enum!`] spells every status stored as text once (and
+//!   [`assert_literals_known`] checks the literals in SQL text against those spellings),
+//!   [`Savepoint`] isolates part of a transaction, [`delete_limit!`] / [`delete_batched`] /
+//!   [`purge_batched`] delete old rows in bounded batches.
+//!
 //! Why not sqlx's `Any` driver: it has no placeholder translation and drops types; why not
 //! generic code over `sqlx::Database`: the trait bounds it needs are not implied and would have to
 //! be repeated on every function.
@@ -25,6 +30,15 @@ use sqlx::pool::PoolOptions;
 use sqlx::{Pool, Row as _, Transaction};
 
 pub use sqlx;
+
+mod enums;
+mod literals;
+mod purge;
+mod savepoint;
+
+pub use literals::{assert_literals_known, sql_literals};
+pub use purge::{delete_batched, purge_batched};
+pub use savepoint::Savepoint;
 
 /// Which SQL dialect a connection speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -134,6 +148,12 @@ impl Sql {
             mysql: sql,
             sqlite: sql,
         }
+    }
+
+    /// Every dialect's text (PostgreSQL, MySQL, SQLite), e.g. for
+    /// [`assert_literals_known`].
+    pub const fn texts(&self) -> [&'static str; 3] {
+        [self.postgres, self.mysql, self.sqlite]
     }
 
     pub const fn pick(&self, dialect: Dialect) -> &'static str {
