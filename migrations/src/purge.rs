@@ -152,4 +152,32 @@ mod tests {
              (SELECT rowid FROM dtx_barrier WHERE created_ms < ? LIMIT ?)"
         );
     }
+
+    /// The statement the idempotency records' retention spells by hand today, literals and all.
+    #[test]
+    fn delete_limit_reproduces_the_idempotency_purge() {
+        const PURGE: crate::Sql = delete_limit!(
+            from: "dtx_idempotency",
+            where: "scope = ? AND created_at < ? AND updated_at < ? AND status <> 'PROCESSING'",
+            order_by: "created_at"
+        );
+        assert_eq!(
+            PURGE.postgres,
+            "DELETE FROM dtx_idempotency WHERE ctid IN \
+             (SELECT ctid FROM dtx_idempotency WHERE scope = ? AND created_at < ? \
+             AND updated_at < ? AND status <> 'PROCESSING' LIMIT ?)"
+        );
+        assert_eq!(
+            PURGE.mysql,
+            "DELETE FROM dtx_idempotency WHERE scope = ? AND created_at < ? AND updated_at < ? \
+             AND status <> 'PROCESSING' ORDER BY created_at LIMIT ?"
+        );
+        assert_eq!(
+            PURGE.sqlite,
+            "DELETE FROM dtx_idempotency WHERE rowid IN \
+             (SELECT rowid FROM dtx_idempotency WHERE scope = ? AND created_at < ? \
+             AND updated_at < ? AND status <> 'PROCESSING' LIMIT ?)"
+        );
+        crate::assert_literals_known(&PURGE.texts(), &[&["PROCESSING"]]);
+    }
 }
