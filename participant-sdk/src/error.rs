@@ -4,6 +4,19 @@ use dtx_proto::limits::LimitError;
 
 use crate::barrier::HandlerError;
 
+// `dtx_idempotency::Error`'s database, limit and handler errors become the SDK's own variants
+// (so one `Error::Database` arm covers them wherever they came from); the rest are wrapped.
+impl From<dtx_idempotency::Error> for Error {
+    fn from(e: dtx_idempotency::Error) -> Self {
+        match e {
+            dtx_idempotency::Error::Database(e) => Error::Database(e),
+            dtx_idempotency::Error::Limit(e) => Error::Limit(e),
+            dtx_idempotency::Error::Handler(e) => Error::Handler(e),
+            other => Error::Idempotency(other),
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// An input outside the contract's limits (the message names the limit).
@@ -45,15 +58,8 @@ pub enum Error {
     /// Could not connect to the coordinator or a participant.
     #[error("transport error: {0}")]
     Transport(#[from] tonic::transport::Error),
-    /// An idempotency record is in a state the protocol cannot produce, or was misused.
-    #[error("idempotency record: {0}")]
-    Idempotency(String),
-    /// An idempotency lease expired and another request took the record over: this owner's
-    /// completion was refused (fencing) and nothing was written.
-    #[error("idempotency lease lost: the record was taken over, completion refused")]
-    LeaseLost,
-    /// The user-supplied fact check failed; the record keeps a fresh lease and is checked again
-    /// when it expires.
-    #[error("fact check failed: {0}")]
-    FactCheck(HandlerError),
+    /// An idempotency record's own failure: a lost lease, a failed fact check, a corrupt or
+    /// misused record (database, limit and handler errors arrive as the variants above).
+    #[error(transparent)]
+    Idempotency(dtx_idempotency::Error),
 }

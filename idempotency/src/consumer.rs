@@ -20,9 +20,10 @@
 use dtx_sql::Backend;
 use futures::future::BoxFuture;
 
-use super::{Answer, Completion, Idempotency, Key, RequestHash, StoredResult, check_scope};
-use crate::Error;
-use crate::barrier::HandlerError;
+use crate::{
+    Answer, Completion, Error, HandlerError, Idempotency, Key, RequestHash, StoredResult,
+    check_scope,
+};
 
 /// What to do with a delivery after [`Consumer::handle`].
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -11,15 +11,14 @@
 //! be guarded by a business unique key (order request number), because a fact check cannot
 //! stop a stalled owner that wakes up later from writing.
 
-use dtx_sql::{Backend, now_ms};
+use dtx_sql::Backend;
 use std::future::Future;
 
-use super::{
+use crate::{
     Answer, Completion, Decision, Expired, Fact, Idempotency, Key, Record, RequestHash, Status,
     StoredResult, Waiter, answer_of, attention_text, decide, new_token, sql,
 };
-use crate::Error;
-use crate::barrier::HandlerError;
+use crate::{Error, HandlerError};
 
 /// The outcome of [`Idempotency::claim`].
 pub enum Claim<DB: Backend> {
@@ -51,7 +50,7 @@ impl<DB: Backend> Lease<DB> {
     /// [`Error::LeaseLost`] if it already was taken over - stop and don't complete.
     pub async fn renew(&self) -> Result<(), Error> {
         let store = &self.store;
-        let now = now_ms();
+        let now = store.now_ms();
         let mut tx = DB::begin(&store.pool).await?;
         let until = store.lease_until(now);
         let owned = sql::renew(DB::conn(&mut tx), &self.key, &self.token, until, now).await?;
@@ -101,7 +100,7 @@ impl<DB: Backend> Lease<DB> {
         work.await
     }
 
-    pub(super) fn into_token(self) -> String {
+    pub(crate) fn into_token(self) -> String {
         self.token
     }
 
@@ -112,7 +111,7 @@ impl<DB: Backend> Lease<DB> {
     /// (the effect happened but cannot be replayed) and returns the limit error.
     pub async fn complete(self, completion: Completion) -> Result<Answer, Error> {
         let store = &self.store;
-        let now = now_ms();
+        let now = store.now_ms();
         let mut tx = DB::begin(&store.pool).await?;
         let conn = DB::conn(&mut tx);
         let owned = match completion.result() {
@@ -162,13 +161,13 @@ pub struct Recovered {
 }
 
 impl<DB: Backend> Idempotency<DB> {
-    /// Claims `key` for a request with `hash`, or says why not (see [`super::decide`]).
+    /// Claims `key` for a request with `hash`, or says why not (see [`crate::decide`]).
     /// Waits up to [`Idempotency::wait`] for a live lease to finish.
     pub async fn claim(&self, key: &Key, hash: &RequestHash) -> Result<Claim<DB>, Error> {
         let mut waiter = Waiter::new(self.wait);
         let hash_hex = hash.to_hex();
         loop {
-            let now = now_ms();
+            let now = self.now_ms();
             let token = new_token();
             let mut tx = DB::begin(&self.pool).await?;
             let conn = DB::conn(&mut tx);
@@ -233,7 +232,7 @@ impl<DB: Backend> Idempotency<DB> {
     /// released as FAILED_RETRYABLE (a sweeper cannot run the business; the next request will).
     pub async fn recover_expired(&self, scope: &str, limit: u32) -> Result<Recovered, Error> {
         let mut tx = DB::begin(&self.pool).await?;
-        let keys = sql::expired(DB::conn(&mut tx), scope, now_ms(), limit).await?;
+        let keys = sql::expired(DB::conn(&mut tx), scope, self.now_ms(), limit).await?;
         tx.commit().await?;
         let mut recovered = Recovered::default();
         for idem_key in keys {
@@ -242,7 +241,7 @@ impl<DB: Backend> Idempotency<DB> {
                 continue;
             };
             let Decision::TakeOver { version } =
-                decide(&record, &Self::own_hash(&record)?, now_ms())
+                decide(&record, &Self::own_hash(&record)?, self.now_ms())
             else {
                 continue;
             };
@@ -266,7 +265,7 @@ impl<DB: Backend> Idempotency<DB> {
     /// A sweep acts on behalf of the stored request, so it presents the stored hash.
     fn own_hash(record: &Record) -> Result<RequestHash, Error> {
         RequestHash::from_hex(&record.request_hash).ok_or_else(|| {
-            Error::Idempotency(format!(
+            Error::Corrupt(format!(
                 "stored request hash {:?} is malformed",
                 record.request_hash
             ))
@@ -290,7 +289,7 @@ impl<DB: Backend> Idempotency<DB> {
         version: i64,
         token: String,
     ) -> Result<Option<Claim<DB>>, Error> {
-        let now = now_ms();
+        let now = self.now_ms();
         let mut tx = DB::begin(&self.pool).await?;
         let won = sql::reclaim(
             DB::conn(&mut tx),
@@ -318,7 +317,7 @@ impl<DB: Backend> Idempotency<DB> {
         };
         // On error the record keeps our fresh lease; the check runs again when it expires.
         let fact = (self.fact_check)(expired).await.map_err(Error::FactCheck)?;
-        let now = now_ms();
+        let now = self.now_ms();
         let answer = match fact {
             Fact::NotHappened => return Ok(Some(Claim::Owned(self.owned(key, token)))),
             Fact::Happened(result) => {
