@@ -355,3 +355,98 @@ impl<DB: Backend> Idempotency<DB> {
         Ok(answer.map(Claim::Answered))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use dtx_sql::sqlx::{Pool, Sqlite};
+
+    use super::*;
+    use crate::ManualClock;
+
+    const LEASE: Duration = Duration::from_secs(30);
+
+    async fn sqlite() -> (tempfile::TempDir, Pool<Sqlite>) {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("idem.db").display());
+        let pool = Sqlite::connect(&url, 2).await.unwrap();
+        Sqlite::migrate(&pool, dtx_sql::Schema::Idempotency)
+            .await
+            .unwrap();
+        (dir, pool)
+    }
+
+    fn key(id: &str) -> Key {
+        Key::builder("order.create")
+            .business_id(id)
+            .build()
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_lease_lapses_when_the_clock_passes_it_and_the_stale_owner_is_fenced() {
+        let (_dir, pool) = sqlite().await;
+        let clock = ManualClock::at(1_000_000);
+        let store = Idempotency::new(pool).lease(LEASE).clock(clock.clone());
+        let (k, hash) = (key("o-1"), RequestHash::of_bytes(b"req"));
+        let Claim::Owned(stale) = store.claim(&k, &hash).await.unwrap() else {
+            panic!("first claim owns the key")
+        };
+        // Live up to and including its last millisecond, however long the test really takes.
+        clock.advance(LEASE);
+        let Claim::Answered(Answer::InProgress { retry_after }) =
+            store.claim(&k, &hash).await.unwrap()
+        else {
+            panic!("the lease still lives")
+        };
+        assert_eq!(retry_after, Duration::from_millis(1));
+        clock.advance(Duration::from_millis(1));
+        // Expired: taken over, and the default fact check parks it for a person.
+        let Claim::Answered(Answer::NeedsAttention { .. }) = store.claim(&k, &hash).await.unwrap()
+        else {
+            panic!("an expired lease goes to the fact check")
+        };
+        let late = stale
+            .complete(Completion::Succeeded(StoredResult::new("201")))
+            .await;
+        assert!(matches!(late, Err(Error::LeaseLost)), "{late:?}");
+        let record = store.record(&k).await.unwrap().unwrap();
+        assert_eq!(
+            (record.status, record.lease_until),
+            (Status::Processing, None)
+        );
+        assert_eq!(record.updated_at, 1_000_000 + 30_001);
+    }
+
+    #[tokio::test]
+    async fn renewals_and_sweeps_follow_the_clock() {
+        let (_dir, pool) = sqlite().await;
+        let clock = ManualClock::at(5_000);
+        let store = Idempotency::new(pool)
+            .lease(LEASE)
+            .clock(clock.clone())
+            .fact_check(|_| Box::pin(async { Ok(Fact::NotHappened) }));
+        let (k, hash) = (key("o-2"), RequestHash::of_bytes(b"req"));
+        let Claim::Owned(lease) = store.claim(&k, &hash).await.unwrap() else {
+            panic!("first claim owns the key")
+        };
+        clock.advance(LEASE / 2);
+        lease.renew().await.unwrap();
+        assert_eq!(
+            store.record(&k).await.unwrap().unwrap().lease_until,
+            Some(5_000 + 15_000 + 30_000)
+        );
+        clock.advance(LEASE);
+        let nothing = store.recover_expired("order.create", 10).await.unwrap();
+        assert_eq!(nothing, Recovered::default(), "renewed: not expired yet");
+        clock.advance(Duration::from_millis(1));
+        let swept = store.recover_expired("order.create", 10).await.unwrap();
+        assert_eq!(swept.released, 1);
+        assert_eq!(
+            store.record(&k).await.unwrap().unwrap().status,
+            Status::FailedRetryable
+        );
+        assert!(matches!(lease.renew().await, Err(Error::LeaseLost)));
+    }
+}
