@@ -73,7 +73,8 @@ impl<DB: Backend> Consumer<DB> {
     }
 
     /// Runs `handler` for business event `event_id` unless this group already processed it.
-    /// `content` is the hash of the event's content ([`RequestHash::of_json`] of the payload).
+    /// `content` is the hash of the event's content (`RequestHash::of_json` of the payload,
+    /// feature `json`).
     ///
     /// `handler` runs inside the transaction that records the event; an `Err` rolls both back
     /// and is returned (don't ack: the redelivery runs it again). It may run more than once

@@ -45,7 +45,7 @@
 //! [`Idempotency::clock`] sets another), so instances sharing a table need clocks synchronized
 //! well within a lease. Keys and hashes are logged only as fingerprints.
 //!
-//! Cargo features: `json` (canonical-JSON request hashes, [`RequestHash::of_json`] and
+//! Cargo features: `json` (canonical-JSON request hashes, `RequestHash::of_json` and
 //! `HashRules`) and `http` (the tower layer; implies `json`). Without them the crate needs
 //! neither serde_json nor the http/tower stack.
 

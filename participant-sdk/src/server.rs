@@ -3,7 +3,7 @@
 //! A service registers named handlers - a TCC trio (try/confirm/cancel) or a saga pair
 //! (action/compensate) - and gets a tonic service implementing `dtx.v1.Participant`. For every
 //! call it opens a local transaction on the service's pool, runs the handler through the
-//! [`barrier`](crate::barrier), commits, and maps the answer to the wire:
+//! [`barrier`], commits, and maps the answer to the wire:
 //!
 //! | what happened                               | wire answer                       |
 //! |---------------------------------------------|-----------------------------------|
