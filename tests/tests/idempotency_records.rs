@@ -737,8 +737,9 @@ test_on_all_databases!(retention_deletes_old_finished_records_in_batches, SCHEMA
 async fn results_with_and_without_resource_ids_share_one_connection<DB: TestBackend>(
     db: &'static TestDb<DB>,
 ) {
-    // One connection, so the second completion reuses the statement the first one prepared
-    // (on PostgreSQL a NULL argument would have fixed a wrong parameter type).
+    // One connection, so the second completion reuses the statement the first one prepared:
+    // the first binds "no resource" as a NULL, the second a resource id, on the same PostgreSQL
+    // prepared statement (dtx_sql types its NULLs, so the parameter stays text).
     let pool = DB::connect(&db.url, 1).await.unwrap();
     let store = Idempotency::new(pool.clone());
     let body = hash("{}");
