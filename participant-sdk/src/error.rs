@@ -4,19 +4,6 @@ use dtx_proto::limits::LimitError;
 
 use crate::barrier::HandlerError;
 
-// `dtx_idempotency::Error`'s database, limit and handler errors become the SDK's own variants
-// (so one `Error::Database` arm covers them wherever they came from); the rest are wrapped.
-impl From<dtx_idempotency::Error> for Error {
-    fn from(e: dtx_idempotency::Error) -> Self {
-        match e {
-            dtx_idempotency::Error::Database(e) => Error::Database(e),
-            dtx_idempotency::Error::Limit(e) => Error::Limit(e),
-            dtx_idempotency::Error::Handler(e) => Error::Handler(e),
-            other => Error::Idempotency(other),
-        }
-    }
-}
-
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// An input outside the contract's limits (the message names the limit).
@@ -62,4 +49,17 @@ pub enum Error {
     /// misused record (database, limit and handler errors arrive as the variants above).
     #[error(transparent)]
     Idempotency(dtx_idempotency::Error),
+}
+
+// `dtx_idempotency::Error`'s database, limit and handler errors become the SDK's own variants
+// (so one `Error::Database` arm covers them wherever they came from); the rest are wrapped.
+impl From<dtx_idempotency::Error> for Error {
+    fn from(e: dtx_idempotency::Error) -> Self {
+        match e {
+            dtx_idempotency::Error::Database(e) => Error::Database(e),
+            dtx_idempotency::Error::Limit(e) => Error::Limit(e),
+            dtx_idempotency::Error::Handler(e) => Error::Handler(e),
+            other => Error::Idempotency(other),
+        }
+    }
 }
