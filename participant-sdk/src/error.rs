@@ -63,3 +63,40 @@ impl From<dtx_idempotency::Error> for Error {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn through_question_mark(e: dtx_idempotency::Error) -> Result<(), Error> {
+        Err(e)?
+    }
+
+    #[test]
+    fn idempotency_errors_keep_their_kind_in_the_sdk_error() {
+        let limit = LimitError("too long".into());
+        assert!(matches!(
+            through_question_mark(limit.into()),
+            Err(Error::Limit(LimitError(m))) if m == "too long"
+        ));
+        assert!(matches!(
+            through_question_mark(dtx_idempotency::Error::Handler("boom".into())),
+            Err(Error::Handler(e)) if e.to_string() == "boom"
+        ));
+        assert!(matches!(
+            through_question_mark(dtx_idempotency::Error::Database(
+                dtx_sql::sqlx::Error::PoolTimedOut
+            )),
+            Err(Error::Database(dtx_sql::sqlx::Error::PoolTimedOut))
+        ));
+        let lost = through_question_mark(dtx_idempotency::Error::LeaseLost).unwrap_err();
+        assert!(matches!(
+            lost,
+            Error::Idempotency(dtx_idempotency::Error::LeaseLost)
+        ));
+        assert_eq!(
+            lost.to_string(),
+            dtx_idempotency::Error::LeaseLost.to_string()
+        );
+    }
+}
