@@ -48,6 +48,8 @@ use futures::future::BoxFuture;
 
 pub use sql::purge_older_than;
 
+pub use dtx_idempotency::HandlerError;
+
 use crate::Error;
 use crate::idempotency::RequestHash;
 
@@ -202,10 +204,6 @@ impl Answer {
         matches!(self.reply, Reply::Success(_))
     }
 }
-
-/// A handler error: the business change could not be made now (or its outcome is unknown).
-/// The caller must roll back the whole local transaction; the branch call will be retried.
-pub type HandlerError = Box<dyn std::error::Error + Send + Sync>;
 
 /// A stored barrier row, as far as the barrier needs it.
 #[derive(Debug)]
