@@ -45,15 +45,58 @@ pub enum Error {
     /// Could not connect to the coordinator or a participant.
     #[error("transport error: {0}")]
     Transport(#[from] tonic::transport::Error),
-    /// An idempotency record is in a state the protocol cannot produce, or was misused.
-    #[error("idempotency record: {0}")]
-    Idempotency(String),
-    /// An idempotency lease expired and another request took the record over: this owner's
-    /// completion was refused (fencing) and nothing was written.
-    #[error("idempotency lease lost: the record was taken over, completion refused")]
-    LeaseLost,
-    /// The user-supplied fact check failed; the record keeps a fresh lease and is checked again
-    /// when it expires.
-    #[error("fact check failed: {0}")]
-    FactCheck(HandlerError),
+    /// An idempotency record's own failure: a lost lease, a failed fact check, a corrupt or
+    /// misused record (database, limit and handler errors arrive as the variants above).
+    #[error(transparent)]
+    Idempotency(dtx_idempotency::Error),
+}
+
+// `dtx_idempotency::Error`'s database, limit and handler errors become the SDK's own variants
+// (so one `Error::Database` arm covers them wherever they came from); the rest are wrapped.
+impl From<dtx_idempotency::Error> for Error {
+    fn from(e: dtx_idempotency::Error) -> Self {
+        match e {
+            dtx_idempotency::Error::Database(e) => Error::Database(e),
+            dtx_idempotency::Error::Limit(e) => Error::Limit(e),
+            dtx_idempotency::Error::Handler(e) => Error::Handler(e),
+            other => Error::Idempotency(other),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn through_question_mark(e: dtx_idempotency::Error) -> Result<(), Error> {
+        Err(e)?
+    }
+
+    #[test]
+    fn idempotency_errors_keep_their_kind_in_the_sdk_error() {
+        let limit = LimitError("too long".into());
+        assert!(matches!(
+            through_question_mark(limit.into()),
+            Err(Error::Limit(LimitError(m))) if m == "too long"
+        ));
+        assert!(matches!(
+            through_question_mark(dtx_idempotency::Error::Handler("boom".into())),
+            Err(Error::Handler(e)) if e.to_string() == "boom"
+        ));
+        assert!(matches!(
+            through_question_mark(dtx_idempotency::Error::Database(
+                dtx_sql::sqlx::Error::PoolTimedOut
+            )),
+            Err(Error::Database(dtx_sql::sqlx::Error::PoolTimedOut))
+        ));
+        let lost = through_question_mark(dtx_idempotency::Error::LeaseLost).unwrap_err();
+        assert!(matches!(
+            lost,
+            Error::Idempotency(dtx_idempotency::Error::LeaseLost)
+        ));
+        assert_eq!(
+            lost.to_string(),
+            dtx_idempotency::Error::LeaseLost.to_string()
+        );
+    }
 }

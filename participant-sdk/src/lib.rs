@@ -8,7 +8,8 @@
 //! * [`client`] - what an initiator uses: TCC transactions (with a closure form that commits on
 //!   `Ok` and rolls back on `Err`) and a typed saga builder.
 //! * [`idempotency`] - idempotency records for HTTP endpoints, payment callbacks, message
-//!   consumers and jobs.
+//!   consumers and jobs: the `dtx-idempotency` crate, re-exported. Its canonical-JSON hashes
+//!   need this crate's feature `json`, its tower layer the feature `http`.
 //!
 //! Every database dtx supports works the same way: pass a `sqlx::Pool<sqlx::Postgres>`,
 //! `Pool<sqlx::MySql>` or `Pool<sqlx::Sqlite>`; handlers receive that database's connection.
@@ -18,8 +19,9 @@
 pub mod barrier;
 pub mod client;
 mod error;
-pub mod idempotency;
 pub mod server;
+
+pub use dtx_idempotency as idempotency;
 
 pub use dtx_proto as proto;
 pub use dtx_sql::{self as sql, Backend};

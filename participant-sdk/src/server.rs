@@ -3,7 +3,7 @@
 //! A service registers named handlers - a TCC trio (try/confirm/cancel) or a saga pair
 //! (action/compensate) - and gets a tonic service implementing `dtx.v1.Participant`. For every
 //! call it opens a local transaction on the service's pool, runs the handler through the
-//! [`barrier`](crate::barrier), commits, and maps the answer to the wire:
+//! [`barrier`], commits, and maps the answer to the wire:
 //!
 //! | what happened                               | wire answer                       |
 //! |---------------------------------------------|-----------------------------------|
@@ -57,6 +57,7 @@ use dtx_sql::Backend;
 use dtx_sql::sqlx::Pool;
 use futures::future::BoxFuture;
 use tonic::{Request, Response, Status};
+use tracing::Instrument;
 
 use crate::Error;
 use crate::barrier::{self, Action, Answer, BranchKey, Detail, HandlerError, Reply};
@@ -212,8 +213,9 @@ impl<DB: Backend> ParticipantServer<DB> {
         };
         let span =
             tracing::info_span!("branch", xid = %call.xid, branch = %call.branch_id, %action);
-        let _enter = span.enter();
-        Ok(self.run_with_retries(handler, &call).await)
+        // Instrumented, not entered: a guard held across `.await` would leak the span into
+        // whatever else runs on this thread while the call is suspended.
+        Ok(self.run_with_retries(handler, &call).instrument(span).await)
     }
 
     async fn run_with_retries(
@@ -233,7 +235,12 @@ impl<DB: Backend> ParticipantServer<DB> {
                     tokio::time::sleep(Duration::from_millis(5 * u64::from(attempt))).await;
                 }
                 Err(e) => {
-                    tracing::warn!(error = %e, "branch rolled back; answering RETRY");
+                    let kind = failure_kind(&e);
+                    if matches!(e, Error::Barrier(_)) {
+                        tracing::error!(error = %e, kind, "branch rolled back; answering RETRY");
+                    } else {
+                        tracing::warn!(error = %e, kind, "branch rolled back; answering RETRY");
+                    }
                     return BranchResponse {
                         outcome: Outcome::Retry as i32,
                         result: Vec::new(),
@@ -271,6 +278,18 @@ impl<DB: Backend> ParticipantServer<DB> {
                 Err(e)
             }
         }
+    }
+}
+
+/// What failed, for the log: the handler's own error stays a handler error, the database's a
+/// database error; only a barrier table the protocol cannot produce is an inconsistency.
+fn failure_kind(e: &Error) -> &'static str {
+    match e {
+        Error::Handler(_) => "handler",
+        Error::Database(_) => "database",
+        Error::Limit(_) => "limit",
+        Error::Barrier(_) => "barrier inconsistency",
+        _ => "other",
     }
 }
 

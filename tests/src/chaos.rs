@@ -523,7 +523,7 @@ async fn run_one(client: &Coordinator, bank: &str, p: &Planned) -> ClientView {
                 tx.call(TccBranch::new(bank, "deposit", payload(&p.to, p.amount)))
                     .await?;
                 if rollback {
-                    return Err(Error::Barrier("rolled back on purpose".into()));
+                    return Err(Error::Handler("rolled back on purpose".into()));
                 }
                 asked_commit.store(true, Ordering::Relaxed);
                 Ok(())

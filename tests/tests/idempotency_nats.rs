@@ -13,8 +13,8 @@ use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, consumer, stream};
-use dtx_sdk::Error;
 use dtx_sdk::barrier::HandlerError;
+use dtx_sdk::idempotency::Error;
 use dtx_sdk::idempotency::consumer::{Consumer, Delivery};
 use dtx_sdk::idempotency::{Idempotency, RequestHash};
 use dtx_sql::{Conn, Schema, args};

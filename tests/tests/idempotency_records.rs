@@ -8,11 +8,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::time::Duration;
 
-use dtx_sdk::Error;
 use dtx_sdk::barrier::HandlerError;
 use dtx_sdk::idempotency::{
-    Answer, Claim, Completion, Expired, Fact, Idempotency, Key, RequestHash, Status, StoredResult,
-    retention,
+    Answer, Claim, Clock, Completion, Error, Expired, Fact, Idempotency, Key, ManualClock,
+    RequestHash, Status, StoredResult, retention,
 };
 use dtx_sql::sqlx::Pool;
 use dtx_sql::{Conn, Schema};
@@ -250,9 +249,11 @@ fn order_lookup<DB: TestBackend>(
     }
 }
 
-// Short enough to keep the tests quick, long enough that a loaded CI machine finishes the
-// steps that must happen inside one lease.
+// Leases lapse only when a test advances the store's manual clock; the lease length still
+// paces the real-time renewals of `Lease::keep_alive` (every third of it).
 const LEASE: Duration = Duration::from_millis(500);
+// How far a test moves the clock to let a lease lapse.
+const PAST_LEASE: Duration = Duration::from_millis(600);
 
 fn replayed_success(answer: &Answer) -> bool {
     matches!(
@@ -264,22 +265,25 @@ fn replayed_success(answer: &Answer) -> bool {
     )
 }
 
-/// A store with a short lease whose fact check looks the order up; counts the checks.
+/// A store with a short lease on a manual clock whose fact check looks the order up; counts
+/// the checks.
 async fn short_lease_store<DB: TestBackend>(
     db: &'static TestDb<DB>,
-) -> (Idempotency<DB>, Arc<AtomicUsize>) {
+) -> (Idempotency<DB>, Arc<AtomicUsize>, ManualClock) {
     create_tables(&db.pool).await;
     let checks = Arc::new(AtomicUsize::new(0));
+    let clock = ManualClock::starting_now();
     let store = Idempotency::new(db.pool.clone())
         .lease(LEASE)
+        .clock(clock.clone())
         .fact_check(order_lookup(&db.pool, &checks));
-    (store, checks)
+    (store, checks, clock)
 }
 
 async fn expired_lease_asks_the_fact_check_and_fences_the_stale_owner<DB: TestBackend>(
     db: &'static TestDb<DB>,
 ) {
-    let (store, checks) = short_lease_store(db).await;
+    let (store, checks, clock) = short_lease_store(db).await;
     let body = hash(r#"{"amount":10}"#);
 
     // 1. The owner placed the order, then stalled before completing.
@@ -295,7 +299,7 @@ async fn expired_lease_asks_the_fact_check_and_fences_the_stale_owner<DB: TestBa
     };
     assert!(retry_after <= LEASE);
     assert_eq!(checks.load(SeqCst), 0);
-    tokio::time::sleep(LEASE + Duration::from_millis(100)).await;
+    clock.advance(PAST_LEASE);
     let Claim::Answered(answer) = store.claim(&k, &body).await.unwrap() else {
         panic!("the effect exists: nothing to run")
     };
@@ -323,7 +327,7 @@ async fn expired_lease_asks_the_fact_check_and_fences_the_stale_owner<DB: TestBa
     let Claim::Owned(stale) = store.claim(&k, &body).await.unwrap() else {
         panic!("first claim owns the key")
     };
-    tokio::time::sleep(LEASE + Duration::from_millis(100)).await;
+    clock.advance(PAST_LEASE);
     let Claim::Owned(fresh) = store.claim(&k, &body).await.unwrap() else {
         panic!("no effect: the request re-claims")
     };
@@ -355,7 +359,7 @@ async fn expired_lease_asks_the_fact_check_and_fences_the_stale_owner<DB: TestBa
     let Claim::Owned(stale) = store.claim(&k, &body).await.unwrap() else {
         panic!("first claim owns the key")
     };
-    tokio::time::sleep(LEASE + Duration::from_millis(100)).await;
+    clock.advance(PAST_LEASE);
     for _ in 0..3 {
         let Claim::Answered(answer) = store.claim(&k, &body).await.unwrap() else {
             panic!("a parked record is not re-run")
@@ -522,7 +526,7 @@ test_on_all_databases!(
 );
 
 async fn unknown_outcomes_are_kept_and_errors_roll_back<DB: TestBackend>(db: &'static TestDb<DB>) {
-    let (store, checks) = short_lease_store(db).await;
+    let (store, checks, clock) = short_lease_store(db).await;
     let body = hash(r#"{"amount":10}"#);
 
     // Lease mode: the business fails half-way (the order exists, the error hides it).
@@ -548,7 +552,7 @@ async fn unknown_outcomes_are_kept_and_errors_roll_back<DB: TestBackend>(db: &'s
         .unwrap();
     assert!(matches!(again, Answer::InProgress { .. }), "{again:?}");
     // After the lease, the fact check finds the order: recorded, never run twice.
-    tokio::time::sleep(LEASE + Duration::from_millis(100)).await;
+    clock.advance(PAST_LEASE);
     let after = store
         .run_with_lease(&k, &body, || {
             place_order_elsewhere(&db.pool, &request_key, &runs)
@@ -589,7 +593,7 @@ async fn unknown_outcomes_are_kept_and_errors_roll_back<DB: TestBackend>(db: &'s
         store.run_in_transaction(&k, &body, &unsure).await.unwrap(),
         Answer::InProgress { .. }
     ));
-    tokio::time::sleep(LEASE + Duration::from_millis(100)).await;
+    clock.advance(PAST_LEASE);
     let checked_before = checks.load(SeqCst);
     let after = store.run_in_transaction(&k, &body, &unsure).await.unwrap();
     assert!(replayed_success(&after), "{after:?}");
@@ -599,7 +603,7 @@ async fn unknown_outcomes_are_kept_and_errors_roll_back<DB: TestBackend>(db: &'s
 test_on_all_databases!(unknown_outcomes_are_kept_and_errors_roll_back, SCHEMAS);
 
 async fn recovery_sweeps_expired_leases<DB: TestBackend>(db: &'static TestDb<DB>) {
-    let (store, checks) = short_lease_store(db).await;
+    let (store, checks, clock) = short_lease_store(db).await;
     let body = hash("{}");
     let done = key("sweep-done");
     let not_done = key("sweep-not-done");
@@ -611,7 +615,7 @@ async fn recovery_sweeps_expired_leases<DB: TestBackend>(db: &'static TestDb<DB>
         ));
     }
     insert_order_committed(&db.pool, done.idem_key(), 10).await;
-    tokio::time::sleep(LEASE + Duration::from_millis(100)).await;
+    clock.advance(PAST_LEASE);
     assert!(matches!(
         store.claim(&live, &body).await.unwrap(),
         Claim::Owned(_)
@@ -650,7 +654,8 @@ test_on_all_databases!(recovery_sweeps_expired_leases, SCHEMAS);
 async fn retention_deletes_old_finished_records_in_batches<DB: TestBackend>(
     db: &'static TestDb<DB>,
 ) {
-    let store = Idempotency::new(db.pool.clone());
+    let clock = ManualClock::starting_now();
+    let store = Idempotency::new(db.pool.clone()).clock(clock.clone());
     let body = hash("{}");
     let in_scope = |scope: &str, id: &str| Key::builder(scope).business_id(id).build().unwrap();
     let finish = |k: Key, completion: Completion| {
@@ -691,7 +696,7 @@ async fn retention_deletes_old_finished_records_in_batches<DB: TestBackend>(
         Completion::Succeeded(StoredResult::new("OK")),
     )
     .await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    clock.advance(Duration::from_millis(300));
     finish(
         in_scope("http.create", "recent"),
         Completion::Succeeded(StoredResult::new("201")),
@@ -701,6 +706,7 @@ async fn retention_deletes_old_finished_records_in_batches<DB: TestBackend>(
     let deleted = retention::Retention::new()
         .scope("http.create", Duration::from_millis(150))
         .batch(2)
+        .clock(clock.clone())
         .run(&db.pool)
         .await
         .unwrap();
@@ -714,9 +720,15 @@ async fn retention_deletes_old_finished_records_in_batches<DB: TestBackend>(
     }
     // Nothing left to delete: a second run is a no-op.
     assert_eq!(
-        retention::purge_scope(&db.pool, "http.create", Duration::from_millis(150), 2)
-            .await
-            .unwrap(),
+        retention::purge_scope_at(
+            &db.pool,
+            "http.create",
+            Duration::from_millis(150),
+            2,
+            clock.now_ms()
+        )
+        .await
+        .unwrap(),
         0
     );
 }
@@ -725,8 +737,9 @@ test_on_all_databases!(retention_deletes_old_finished_records_in_batches, SCHEMA
 async fn results_with_and_without_resource_ids_share_one_connection<DB: TestBackend>(
     db: &'static TestDb<DB>,
 ) {
-    // One connection, so the second completion reuses the statement the first one prepared
-    // (on PostgreSQL a NULL argument would have fixed a wrong parameter type).
+    // One connection, so the second completion reuses the statement the first one prepared:
+    // the first binds "no resource" as a NULL, the second a resource id, on the same PostgreSQL
+    // prepared statement (dtx_sql types its NULLs, so the parameter stays text).
     let pool = DB::connect(&db.url, 1).await.unwrap();
     let store = Idempotency::new(pool.clone());
     let body = hash("{}");
@@ -755,23 +768,23 @@ test_on_all_databases!(
 );
 
 async fn renewed_leases_are_not_taken_over<DB: TestBackend>(db: &'static TestDb<DB>) {
-    let (store, checks) = short_lease_store(db).await;
+    let (store, checks, clock) = short_lease_store(db).await;
     let body = hash("{}");
     let k = key("long-work");
     let Claim::Owned(long) = store.claim(&k, &body).await.unwrap() else {
         panic!("fresh key")
     };
     // Past the original lease end, but renewed half-way: still in progress, nobody checks.
-    tokio::time::sleep(LEASE * 3 / 5).await;
+    clock.advance(LEASE * 3 / 5);
     long.renew().await.unwrap();
-    tokio::time::sleep(LEASE * 3 / 5).await;
+    clock.advance(LEASE * 3 / 5);
     assert!(matches!(
         store.claim(&k, &body).await.unwrap(),
         Claim::Answered(Answer::InProgress { .. })
     ));
     assert_eq!(checks.load(SeqCst), 0);
     // Not renewed again: taken over, and the old owner learns it when it renews.
-    tokio::time::sleep(LEASE).await;
+    clock.advance(LEASE);
     assert!(matches!(
         store.claim(&k, &body).await.unwrap(),
         Claim::Owned(_)

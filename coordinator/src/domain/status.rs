@@ -1,42 +1,16 @@
 //! Statuses of global transactions and branches, their database spelling, and the transition
 //! rule every state change is checked against.
 
-use std::fmt;
+use dtx_sql::db_enum;
 
-macro_rules! db_enum {
-    ($(#[$doc:meta])* $name:ident { $($(#[$vattr:meta])* $variant:ident = $text:literal),* $(,)? }) => {
-        $(#[$doc])*
-        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-        pub enum $name { $($(#[$vattr])* $variant),* }
-
-        impl $name {
-            /// The spelling stored in the database.
-            pub fn as_str(self) -> &'static str {
-                match self { $($name::$variant => $text),* }
-            }
-
-            /// Parses the database spelling.
-            pub fn parse(text: &str) -> Option<Self> {
-                match text { $($text => Some($name::$variant),)* _ => None }
-            }
-        }
-
-        impl fmt::Display for $name {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str(self.as_str())
-            }
-        }
-    };
+db_enum! {
+    /// TCC transaction or saga.
+    pub enum Kind { Tcc = "tcc", Saga = "saga" }
 }
 
-db_enum!(
-    /// TCC transaction or saga.
-    Kind { Tcc = "tcc", Saga = "saga" }
-);
-
-db_enum!(
+db_enum! {
     /// Status of a global transaction (see `dtx.proto` for each one's meaning).
-    TxStatus {
+    pub enum TxStatus {
         Trying = "TRYING",
         Committing = "COMMITTING",
         Committed = "COMMITTED",
@@ -48,17 +22,17 @@ db_enum!(
         Compensated = "COMPENSATED",
         NeedsAttention = "NEEDS_ATTENTION",
     }
-);
+}
 
-db_enum!(
+db_enum! {
     /// What was decided for a transaction; drives phase two and survives a parked status.
-    Decision { Commit = "commit", Rollback = "rollback", Compensate = "compensate" }
-);
+    pub enum Decision { Commit = "commit", Rollback = "rollback", Compensate = "compensate" }
+}
 
-db_enum!(
+db_enum! {
     /// State of one TCC branch or saga step.
     #[derive(Default)]
-    BranchState {
+    pub enum BranchState {
         #[default]
         Pending = "PENDING",
         InDoubt = "IN_DOUBT",
@@ -70,7 +44,7 @@ db_enum!(
         Stuck = "STUCK",
         Skipped = "SKIPPED",
     }
-);
+}
 
 impl TxStatus {
     /// A terminal status never changes again.
@@ -163,6 +137,7 @@ mod tests {
 
     #[test]
     fn database_spelling_round_trips() {
+        assert_eq!(TxStatus::ALL, ALL);
         for status in ALL {
             assert_eq!(TxStatus::parse(status.as_str()), Some(status));
         }

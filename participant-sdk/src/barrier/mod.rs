@@ -41,8 +41,6 @@
 
 mod sql;
 
-use std::fmt;
-
 use dtx_proto::limits;
 use dtx_proto::v1::BranchAction;
 use dtx_sql::{Conn, now_ms};
@@ -50,33 +48,26 @@ use futures::future::BoxFuture;
 
 pub use sql::purge_older_than;
 
+pub use dtx_idempotency::HandlerError;
+
 use crate::Error;
 use crate::idempotency::RequestHash;
 
-/// The action of a branch call.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Action {
-    Try,
-    Confirm,
-    Cancel,
-    /// A saga step's forward action.
-    Action,
-    /// A saga step's compensation.
-    Compensate,
+dtx_sql::db_enum! {
+    /// The action of a branch call; `as_str` is the name stored in `dtx_barrier.action` (and
+    /// `written_by`).
+    pub enum Action {
+        Try = "try",
+        Confirm = "confirm",
+        Cancel = "cancel",
+        /// A saga step's forward action.
+        Action = "action",
+        /// A saga step's compensation.
+        Compensate = "compensate",
+    }
 }
 
 impl Action {
-    /// The name stored in `dtx_barrier.action`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Action::Try => "try",
-            Action::Confirm => "confirm",
-            Action::Cancel => "cancel",
-            Action::Action => "action",
-            Action::Compensate => "compensate",
-        }
-    }
-
     /// Try and Action run business code whose outcome repeats must get back.
     pub fn is_forward(self) -> bool {
         matches!(self, Action::Try | Action::Action)
@@ -117,12 +108,6 @@ impl Action {
             Action::Action => BranchAction::Action,
             Action::Compensate => BranchAction::Compensate,
         }
-    }
-}
-
-impl fmt::Display for Action {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
     }
 }
 
@@ -220,15 +205,11 @@ impl Answer {
     }
 }
 
-/// A handler error: the business change could not be made now (or its outcome is unknown).
-/// The caller must roll back the whole local transaction; the branch call will be retried.
-pub type HandlerError = Box<dyn std::error::Error + Send + Sync>;
-
 /// A stored barrier row, as far as the barrier needs it.
 #[derive(Debug)]
 struct Row {
-    written_by: String,
-    outcome: String,
+    written_by: Action,
+    outcome: sql::Outcome,
     result: Vec<u8>,
     /// Hex hash of the Try/Action request; `None` on rows without one.
     request_hash: Option<String>,
@@ -261,38 +242,35 @@ where
     C: Conn,
     F: for<'c> FnOnce(&'c mut C) -> BoxFuture<'c, Result<Reply, HandlerError>>,
 {
-    let action = key.action.as_str();
+    let own = sql::RowKey::of(key.xid, key.branch_id, key.action);
     let request = key.request.map(|h| h.to_hex());
     let inserted = sql::insert(
         conn,
-        key.xid,
-        key.branch_id,
-        action,
-        action,
-        sql::PENDING,
-        request.as_deref(),
+        sql::NewRow {
+            key: own,
+            written_by: key.action,
+            outcome: sql::Outcome::Pending,
+            request_hash: request.as_deref(),
+        },
     )
     .await?;
     if !inserted {
-        let row = sql::read(conn, key.xid, key.branch_id, action)
+        let row = sql::read(conn, own)
             .await?
             .ok_or_else(|| Error::Barrier(format!("barrier row of {key:?} vanished")))?;
         return Ok(repeat_of_forward(key, request.as_deref(), row));
     }
-    sql::savepoint(conn).await?;
+    let savepoint = sql::savepoint(conn).await?;
     let reply = handler(conn).await.map_err(Error::Handler)?;
     let (outcome, result) = match &reply {
-        Reply::Success(result) => {
-            sql::release_savepoint(conn).await?;
-            (sql::SUCCESS, result)
-        }
-        Reply::Failure(result) => {
-            sql::rollback_to_savepoint(conn).await?;
-            (sql::FAILURE, result)
-        }
+        Reply::Success(result) => (sql::Outcome::Success, result),
+        Reply::Failure(result) => (sql::Outcome::Failure, result),
     };
+    savepoint
+        .end(conn, outcome == sql::Outcome::Success)
+        .await?;
     limits::check_payload("handler result", result)?;
-    sql::record(conn, key.xid, key.branch_id, action, outcome, result).await?;
+    sql::record(conn, own, outcome, result).await?;
     Ok(Answer::new(reply, Detail::Executed))
 }
 
@@ -300,7 +278,7 @@ where
 /// written for another request, or suspended if a Cancel/Compensate claimed the row first.
 fn repeat_of_forward(key: BranchKey<'_>, request: Option<&str>, row: Row) -> Answer {
     let action = key.action;
-    if row.written_by != action.as_str() {
+    if row.written_by != action {
         return Answer::new(
             Reply::refuse(format!(
                 "suspended: {} arrived after its {}",
@@ -320,7 +298,7 @@ fn repeat_of_forward(key: BranchKey<'_>, request: Option<&str>, row: Row) -> Ans
             Detail::Conflict,
         );
     }
-    let reply = if row.outcome == sql::FAILURE {
+    let reply = if row.outcome == sql::Outcome::Failure {
         Reply::Failure(row.result)
     } else {
         Reply::Success(row.result)
@@ -333,37 +311,37 @@ where
     C: Conn,
     F: for<'c> FnOnce(&'c mut C) -> BoxFuture<'c, Result<Reply, HandlerError>>,
 {
-    sql::savepoint(conn).await?;
+    let savepoint = sql::savepoint(conn).await?;
     if let Some(answer) = claim_phase_two(conn, key).await? {
-        sql::release_savepoint(conn).await?;
+        savepoint.release(conn).await?;
         return Ok(answer);
     }
     if !insert_own(conn, key).await? {
         // A Confirm that ran before its slot existed (written by an older barrier).
-        sql::release_savepoint(conn).await?;
+        savepoint.release(conn).await?;
         return Ok(Answer::new(Reply::ok(), Detail::Duplicate));
     }
     // Confirm is only ever sent after every Try answered success; anything else is a protocol
     // violation that must reach an operator rather than confirm a reservation that isn't there.
     // Rolling back to the savepoint frees the slot again: nothing was decided here.
-    let tried = sql::read(conn, key.xid, key.branch_id, Action::Try.as_str()).await?;
+    let tried = sql::read(conn, sql::RowKey::of(key.xid, key.branch_id, Action::Try)).await?;
     let problem = match tried {
-        Some(row) if row.written_by == Action::Try.as_str() && row.outcome == sql::SUCCESS => None,
+        Some(row) if row.written_by == Action::Try && row.outcome == sql::Outcome::Success => None,
         None => Some("never ran (or its barrier row was purged)".to_string()),
-        Some(row) if row.written_by != Action::Try.as_str() => {
+        Some(row) if row.written_by != Action::Try => {
             Some(format!("was blocked by {}", row.written_by))
         }
         Some(_) => Some("was refused".to_string()),
     };
     if let Some(problem) = problem {
-        sql::rollback_to_savepoint(conn).await?;
+        savepoint.rollback(conn).await?;
         let message = format!(
             "confirm of xid {} branch {} rejected: its try {problem}",
             key.xid, key.branch_id
         );
         return Ok(Answer::new(Reply::refuse(message), Detail::OutOfOrder));
     }
-    run_undoable(conn, handler).await
+    run_undoable(conn, savepoint, handler).await
 }
 
 async fn undo<C, F>(
@@ -376,24 +354,24 @@ where
     C: Conn,
     F: for<'c> FnOnce(&'c mut C) -> BoxFuture<'c, Result<Reply, HandlerError>>,
 {
-    let action = key.action.as_str();
-    sql::savepoint(conn).await?;
+    let savepoint = sql::savepoint(conn).await?;
     if key.action.is_phase_two()
         && let Some(answer) = claim_phase_two(conn, key).await?
     {
-        sql::release_savepoint(conn).await?;
+        savepoint.release(conn).await?;
         return Ok(answer);
     }
     // Claim the origin's row: if that succeeds the Try/Action never ran (and now never will),
     // so there is nothing to undo.
+    let origin_row = sql::RowKey::of(key.xid, key.branch_id, origin);
     let claimed_origin = sql::insert(
         conn,
-        key.xid,
-        key.branch_id,
-        origin.as_str(),
-        action,
-        sql::NONE,
-        None,
+        sql::NewRow {
+            key: origin_row,
+            written_by: key.action,
+            outcome: sql::Outcome::Empty,
+            request_hash: None,
+        },
     )
     .await?;
     let first = insert_own(conn, key).await?;
@@ -402,28 +380,27 @@ where
     } else if claimed_origin {
         Some(Detail::EmptyRollback)
     } else {
-        let row = sql::read(conn, key.xid, key.branch_id, origin.as_str()).await?;
-        row.is_some_and(|row| row.outcome == sql::FAILURE)
+        let row = sql::read(conn, origin_row).await?;
+        row.is_some_and(|row| row.outcome == sql::Outcome::Failure)
             .then_some(Detail::NothingToUndo)
     };
     if let Some(detail) = detail {
-        sql::release_savepoint(conn).await?;
+        savepoint.release(conn).await?;
         return Ok(Answer::new(Reply::ok(), detail));
     }
-    run_undoable(conn, handler).await
+    run_undoable(conn, savepoint, handler).await
 }
 
 /// Inserts the call's own Confirm/Cancel/Compensate row; false if it exists (a repeat).
 async fn insert_own<C: Conn>(conn: &mut C, key: BranchKey<'_>) -> Result<bool, Error> {
-    let action = key.action.as_str();
     sql::insert(
         conn,
-        key.xid,
-        key.branch_id,
-        action,
-        action,
-        sql::SUCCESS,
-        None,
+        sql::NewRow {
+            key: sql::RowKey::of(key.xid, key.branch_id, key.action),
+            written_by: key.action,
+            outcome: sql::Outcome::Success,
+            request_hash: None,
+        },
     )
     .await
 }
@@ -436,12 +413,19 @@ async fn claim_phase_two<C: Conn>(
     conn: &mut C,
     key: BranchKey<'_>,
 ) -> Result<Option<Answer>, Error> {
-    let op = key.action.as_str();
+    let op = key.action;
     let (xid, branch) = (key.xid, key.branch_id);
-    if sql::insert(conn, xid, branch, sql::PHASE_TWO, op, sql::SUCCESS, None).await? {
+    let slot = sql::RowKey::slot(xid, branch, sql::Slot::PhaseTwo);
+    let claim = sql::NewRow {
+        key: slot,
+        written_by: op,
+        outcome: sql::Outcome::Success,
+        request_hash: None,
+    };
+    if sql::insert(conn, claim).await? {
         return Ok(None);
     }
-    let holder = sql::read(conn, xid, branch, sql::PHASE_TWO)
+    let holder = sql::read(conn, slot)
         .await?
         .ok_or_else(|| Error::Barrier(format!("phase-two slot of {xid}/{branch} vanished")))?
         .written_by;
@@ -450,33 +434,35 @@ async fn claim_phase_two<C: Conn>(
     }
     let reason = format!(
         "{op} refused: branch {xid}/{branch} was already {}",
-        decided(&holder)
+        decided(holder)
     );
     tracing::warn!(xid, branch, %reason, "phase-two conflict at the barrier");
     Ok(Some(Answer::new(Reply::refuse(reason), Detail::Conflict)))
 }
 
 /// How a conflict names the op holding the slot.
-fn decided(holder: &str) -> String {
+fn decided(holder: Action) -> String {
     match holder {
-        "confirm" => "confirmed".to_string(),
-        "cancel" => "cancelled".to_string(),
+        Action::Confirm => "confirmed".to_string(),
+        Action::Cancel => "cancelled".to_string(),
         other => format!("taken by {other}"),
     }
 }
 
 /// Runs a Confirm/Cancel/Compensate handler after its barrier rows were written under the open
 /// savepoint: a refusal rolls the rows back too, so the call can run again later.
-async fn run_undoable<C, F>(conn: &mut C, handler: F) -> Result<Answer, Error>
+async fn run_undoable<C, F>(
+    conn: &mut C,
+    savepoint: dtx_sql::Savepoint,
+    handler: F,
+) -> Result<Answer, Error>
 where
     C: Conn,
     F: for<'c> FnOnce(&'c mut C) -> BoxFuture<'c, Result<Reply, HandlerError>>,
 {
     let reply = handler(conn).await.map_err(Error::Handler)?;
-    match reply {
-        Reply::Success(_) => sql::release_savepoint(conn).await?,
-        Reply::Failure(_) => sql::rollback_to_savepoint(conn).await?,
-    }
+    let keep = matches!(reply, Reply::Success(_));
+    savepoint.end(conn, keep).await?;
     Ok(Answer::new(reply, Detail::Executed))
 }
 

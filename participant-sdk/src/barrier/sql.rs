@@ -1,19 +1,37 @@
 //! The barrier's SQL: the only place that knows the `dtx_barrier` table.
+//!
+//! Every statement's arguments are built in one place, from one named struct ([`RowKey`],
+//! [`NewRow`]), and every value stored as text is a [`db_enum!`] spelling ([`Action`],
+//! [`Slot`], [`Outcome`]); the test below checks that SQL text spells no other.
 
-use dtx_sql::{Backend, Conn, Sql, SqlRow, args, insert_ignore, now_ms};
+use dtx_sql::{Backend, Conn, Savepoint, Sql, SqlRow, args, db_enum, delete_limit, insert_ignore};
 
-use super::Row;
+use super::{Action, Row};
 use crate::Error;
 
-/// `outcome` of a Try/Action row whose handler is running in the inserting transaction.
-pub(super) const PENDING: &str = "pending";
-pub(super) const SUCCESS: &str = "success";
-pub(super) const FAILURE: &str = "failure";
-/// `outcome` of a row a Cancel/Compensate claimed before its Try/Action.
-pub(super) const NONE: &str = "none";
-/// `action` of a branch's one phase-two slot: Confirm and Cancel both insert it, `written_by`
-/// says which of them won.
-pub(super) const PHASE_TWO: &str = "phase2";
+db_enum! {
+    /// `outcome` of a barrier row.
+    pub(super) enum Outcome {
+        /// A Try/Action row whose handler is running in the inserting transaction.
+        Pending = "pending",
+        Success = "success",
+        Failure = "failure",
+        /// A row a Cancel/Compensate claimed before its Try/Action (which now never runs).
+        Empty = "none",
+    }
+}
+
+db_enum! {
+    /// `action` of a row that is no call's own row.
+    pub(super) enum Slot {
+        /// A branch's one phase-two slot: Confirm and Cancel both insert it, `written_by` says
+        /// which of them won.
+        PhaseTwo = "phase2",
+    }
+}
+
+/// The savepoint isolating a handler's (and the barrier's own tentative) changes.
+const SAVEPOINT: &str = "dtx_barrier";
 
 const INSERT: Sql = insert_ignore!(
     "dtx_barrier (xid, branch_id, action, written_by, outcome, result, request_hash, created_ms) \
@@ -35,88 +53,118 @@ const READ: Sql = Sql {
 const RECORD: &str = "UPDATE dtx_barrier SET outcome = ?, result = ? \
                       WHERE xid = ? AND branch_id = ? AND action = ?";
 
-/// Deletes one bounded batch of old rows (each dialect spells "delete with a limit" its own way).
-const PURGE: Sql = Sql {
-    postgres: "DELETE FROM dtx_barrier WHERE ctid IN \
-               (SELECT ctid FROM dtx_barrier WHERE created_ms < ? LIMIT ?)",
-    mysql: "DELETE FROM dtx_barrier WHERE created_ms < ? ORDER BY created_ms LIMIT ?",
-    sqlite: "DELETE FROM dtx_barrier WHERE rowid IN \
-             (SELECT rowid FROM dtx_barrier WHERE created_ms < ? LIMIT ?)",
-};
+/// Deletes one bounded batch of old rows.
+const PURGE: Sql = delete_limit!(
+    from: "dtx_barrier",
+    where: "created_ms < ?",
+    order_by: "created_ms"
+);
 
-/// Inserts a row unless its key exists; true if this call inserted it. `request_hash` (hex)
-/// only on Try/Action rows written by their own call.
-pub(super) async fn insert<C: Conn>(
-    conn: &mut C,
-    xid: &str,
-    branch_id: &str,
-    action: &str,
-    written_by: &str,
-    outcome: &str,
-    request_hash: Option<&str>,
-) -> Result<bool, Error> {
-    let sql = INSERT.pick(C::DIALECT);
+/// The key of one barrier row.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct RowKey<'a> {
+    pub xid: &'a str,
+    pub branch_id: &'a str,
+    /// An [`Action`] (the call's own row) or a [`Slot`] spelling.
+    pub action: &'static str,
+}
+
+impl<'a> RowKey<'a> {
+    /// The own row of `action`.
+    pub fn of(xid: &'a str, branch_id: &'a str, action: Action) -> Self {
+        RowKey {
+            xid,
+            branch_id,
+            action: action.as_str(),
+        }
+    }
+
+    /// The `slot` row of a branch.
+    pub fn slot(xid: &'a str, branch_id: &'a str, slot: Slot) -> Self {
+        RowKey {
+            xid,
+            branch_id,
+            action: slot.as_str(),
+        }
+    }
+}
+
+/// A row to insert.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct NewRow<'a> {
+    pub key: RowKey<'a>,
+    pub written_by: Action,
+    pub outcome: Outcome,
+    /// Hex request hash, only on Try/Action rows written by their own call.
+    pub request_hash: Option<&'a str>,
+}
+
+/// Inserts a row unless its key exists; true if this call inserted it.
+pub(super) async fn insert<C: Conn>(conn: &mut C, row: NewRow<'_>) -> Result<bool, Error> {
+    let NewRow {
+        key,
+        written_by,
+        outcome,
+        request_hash,
+    } = row;
     let rows = conn
         .execute(
-            sql,
+            INSERT.pick(C::DIALECT),
             args![
-                xid,
-                branch_id,
-                action,
-                written_by,
-                outcome,
+                key.xid,
+                key.branch_id,
+                key.action,
+                written_by.as_str(),
+                outcome.as_str(),
                 request_hash,
-                now_ms()
+                dtx_sql::now_ms()
             ],
         )
         .await?;
     Ok(rows == 1)
 }
 
-pub(super) async fn read<C: Conn>(
-    conn: &mut C,
-    xid: &str,
-    branch_id: &str,
-    action: &str,
-) -> Result<Option<Row>, Error> {
+pub(super) async fn read<C: Conn>(conn: &mut C, key: RowKey<'_>) -> Result<Option<Row>, Error> {
     let row = conn
-        .fetch_optional(READ.pick(C::DIALECT), args![xid, branch_id, action])
+        .fetch_optional(
+            READ.pick(C::DIALECT),
+            args![key.xid, key.branch_id, key.action],
+        )
         .await?;
     let Some(row) = row else { return Ok(None) };
+    let written_by = row.text(0)?;
+    let outcome = row.text(1)?;
     Ok(Some(Row {
-        written_by: row.text(0)?,
-        outcome: row.text(1)?,
+        written_by: Action::parse(&written_by).ok_or_else(|| unknown("written_by", &written_by))?,
+        outcome: Outcome::parse(&outcome).ok_or_else(|| unknown("outcome", &outcome))?,
         result: row.opt_bytes(2)?.unwrap_or_default(),
         // CHAR(64) on PostgreSQL/MySQL; trimmed in case a driver pads it.
         request_hash: row.opt_text(3)?.map(|h| h.trim_end().to_string()),
     }))
 }
 
+fn unknown(column: &str, value: &str) -> Error {
+    Error::Barrier(format!("unknown {column} {value:?} in dtx_barrier"))
+}
+
+/// Records the first outcome (and result) of a Try/Action row.
 pub(super) async fn record<C: Conn>(
     conn: &mut C,
-    xid: &str,
-    branch_id: &str,
-    action: &str,
-    outcome: &str,
+    key: RowKey<'_>,
+    outcome: Outcome,
     result: &[u8],
 ) -> Result<(), Error> {
-    conn.execute(RECORD, args![outcome, result, xid, branch_id, action])
-        .await?;
+    conn.execute(
+        RECORD,
+        args![outcome.as_str(), result, key.xid, key.branch_id, key.action],
+    )
+    .await?;
     Ok(())
 }
 
-pub(super) async fn savepoint<C: Conn>(conn: &mut C) -> Result<(), Error> {
-    Ok(conn.execute_raw("SAVEPOINT dtx_barrier").await?)
-}
-
-pub(super) async fn release_savepoint<C: Conn>(conn: &mut C) -> Result<(), Error> {
-    Ok(conn.execute_raw("RELEASE SAVEPOINT dtx_barrier").await?)
-}
-
-pub(super) async fn rollback_to_savepoint<C: Conn>(conn: &mut C) -> Result<(), Error> {
-    Ok(conn
-        .execute_raw("ROLLBACK TO SAVEPOINT dtx_barrier")
-        .await?)
+/// Opens the barrier's savepoint.
+pub(super) async fn savepoint<C: Conn>(conn: &mut C) -> Result<Savepoint, Error> {
+    Ok(Savepoint::begin(conn, SAVEPOINT).await?)
 }
 
 /// Deletes rows created before `cutoff_ms` (Unix ms) in batches of at most `batch` rows, each
@@ -126,20 +174,56 @@ pub async fn purge_older_than<DB: Backend>(
     cutoff_ms: i64,
     batch: u32,
 ) -> Result<u64, Error> {
-    let batch = i64::from(batch.max(1));
-    let mut total = 0;
-    loop {
-        let mut tx = DB::begin(pool).await?;
-        let deleted = DB::conn(&mut tx)
-            .execute(
-                PURGE.pick(<DB::Conn as Conn>::DIALECT),
-                args![cutoff_ms, batch],
-            )
-            .await?;
-        tx.commit().await?;
-        total += deleted;
-        if deleted < batch as u64 {
-            return Ok(total);
+    Ok(dtx_sql::delete_batched(pool, PURGE, args![cutoff_ms], i64::from(batch)).await?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every statement above, in every dialect.
+    fn statements() -> Vec<&'static str> {
+        let mut all = vec![RECORD];
+        for sql in [INSERT, READ, PURGE] {
+            all.extend(sql.texts());
         }
+        all
+    }
+
+    #[test]
+    fn sql_spells_only_enum_spellings() {
+        dtx_sql::assert_literals_known(
+            &statements(),
+            &[Action::SPELLINGS, Slot::SPELLINGS, Outcome::SPELLINGS],
+        );
+    }
+
+    #[test]
+    fn migrations_spell_only_enum_spellings() {
+        let migrations = [
+            include_str!(
+                "../../../migrations/postgres/barrier/0002_phase_two_and_request_hash.sql"
+            ),
+            include_str!("../../../migrations/mysql/barrier/0002_phase_two_and_request_hash.sql"),
+            include_str!("../../../migrations/sqlite/barrier/0002_phase_two_and_request_hash.sql"),
+        ];
+        dtx_sql::assert_literals_known(
+            &migrations,
+            &[Action::SPELLINGS, Slot::SPELLINGS, Outcome::SPELLINGS],
+        );
+    }
+
+    #[test]
+    fn spellings_are_the_stored_ones() {
+        // Rows already in databases carry these; they must never change.
+        assert_eq!(
+            Outcome::SPELLINGS,
+            ["pending", "success", "failure", "none"]
+        );
+        assert_eq!(Slot::SPELLINGS, ["phase2"]);
+        assert_eq!(
+            Action::SPELLINGS,
+            ["try", "confirm", "cancel", "action", "compensate"]
+        );
     }
 }

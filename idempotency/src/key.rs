@@ -163,7 +163,7 @@ impl Key {
 
     /// Re-creates a key from its stored columns (recovery sweeps read keys back).
     pub fn from_stored(scope: &str, idem_key: &str) -> Result<Key, Error> {
-        let malformed = || Error::Idempotency(format!("stored idem_key {idem_key:?} is malformed"));
+        let malformed = || Error::Corrupt(format!("stored idem_key {idem_key:?} is malformed"));
         let (tenant, rest) = idem_key.split_once(':').ok_or_else(malformed)?;
         let (business_id, version) = rest.rsplit_once(':').ok_or_else(malformed)?;
         let version = version

@@ -24,9 +24,12 @@
 //!
 //! The hash is of the canonical bytes, as 64 lowercase hex digits. It detects conflicts; it is
 //! not a signature (authenticate callbacks with their HMAC/signature first).
+//!
+//! The canonical JSON form needs the cargo feature `json`; hashes of bytes and of parts do not.
 
 use std::fmt;
 
+#[cfg(feature = "json")]
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
@@ -36,6 +39,7 @@ pub struct RequestHash([u8; 32]);
 
 impl RequestHash {
     /// The hash of `value` under the default rules (nothing ignored).
+    #[cfg(feature = "json")]
     pub fn of_json(value: &Value) -> Self {
         HashRules::default().hash_json(value)
     }
@@ -76,11 +80,13 @@ impl fmt::Debug for RequestHash {
 }
 
 /// Which fields the canonical form leaves out.
+#[cfg(feature = "json")]
 #[derive(Debug, Clone, Default)]
 pub struct HashRules {
     ignored: Vec<Vec<String>>,
 }
 
+#[cfg(feature = "json")]
 impl HashRules {
     pub fn new() -> Self {
         Self::default()
@@ -110,6 +116,7 @@ impl HashRules {
     }
 }
 
+#[cfg(feature = "json")]
 fn remove_path(value: &mut Value, path: &[String]) {
     let Some((first, rest)) = path.split_first() else {
         return;
@@ -132,6 +139,7 @@ fn remove_path(value: &mut Value, path: &[String]) {
     }
 }
 
+#[cfg(feature = "json")]
 fn write_canonical(value: &Value, out: &mut String) {
     match value {
         Value::Null => out.push_str("null"),
@@ -166,10 +174,12 @@ fn write_canonical(value: &Value, out: &mut String) {
     }
 }
 
+#[cfg(feature = "json")]
 fn write_string(s: &str, out: &mut String) {
     out.push_str(&serde_json::to_string(s).expect("a string always serializes"));
 }
 
+#[cfg(feature = "json")]
 fn write_number(n: &serde_json::Number, out: &mut String) {
     if let Some(u) = n.as_u64() {
         out.push_str(&u.to_string());
@@ -187,7 +197,7 @@ fn write_number(n: &serde_json::Number, out: &mut String) {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "json"))]
 mod tests {
     use serde_json::json;
 
@@ -291,6 +301,11 @@ mod tests {
             "the hash is over the canonical bytes"
         );
     }
+}
+
+#[cfg(test)]
+mod byte_tests {
+    use super::*;
 
     #[test]
     fn parts_are_length_prefixed() {
@@ -306,7 +321,7 @@ mod tests {
 
     #[test]
     fn the_stored_form_parses_back() {
-        let h = hash("[1]");
+        let h = RequestHash::of_bytes(b"[1]");
         assert_eq!(RequestHash::from_hex(&h.to_hex()), Some(h));
         assert_eq!(RequestHash::from_hex("abc"), None);
     }

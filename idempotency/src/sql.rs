@@ -7,9 +7,8 @@
 
 use dtx_sql::{Arg, Backend, Conn, Sql, SqlRow, args, insert_ignore};
 
-use super::key::Key;
-use super::{Record, Stats, Status, StoredResult};
-use crate::Error;
+use crate::key::Key;
+use crate::{Error, Record, Stats, Status, StoredResult};
 
 const CLAIM: Sql = insert_ignore!(
     "dtx_idempotency (scope, idem_key, request_hash, status, owner_token, lease_until, \
@@ -91,7 +90,7 @@ async fn one_row<'a, C: Conn>(
 }
 
 /// Inserts a PROCESSING record owned by `token` unless the key exists; true if inserted.
-pub(super) async fn claim<C: Conn>(
+pub(crate) async fn claim<C: Conn>(
     conn: &mut C,
     key: &Key,
     request_hash: &str,
@@ -115,7 +114,7 @@ pub(super) async fn claim<C: Conn>(
     .await
 }
 
-pub(super) async fn read<C: Conn>(conn: &mut C, key: &Key) -> Result<Option<Record>, Error> {
+pub(crate) async fn read<C: Conn>(conn: &mut C, key: &Key) -> Result<Option<Record>, Error> {
     let Some(row) = conn
         .fetch_optional(READ, args![key.scope(), key.idem_key()])
         .await?
@@ -124,7 +123,7 @@ pub(super) async fn read<C: Conn>(conn: &mut C, key: &Key) -> Result<Option<Reco
     };
     let status = row.text(1)?;
     let status = Status::parse(&status)
-        .ok_or_else(|| Error::Idempotency(format!("unknown status {status:?} in the store")))?;
+        .ok_or_else(|| Error::Corrupt(format!("unknown status {status:?} in the store")))?;
     let result = match row.opt_text(4)? {
         Some(code) => Some(StoredResult {
             code,
@@ -149,7 +148,7 @@ pub(super) async fn read<C: Conn>(conn: &mut C, key: &Key) -> Result<Option<Reco
 
 /// Who finishes a PROCESSING record.
 #[derive(Debug, Clone, Copy)]
-pub(super) enum By<'a> {
+pub(crate) enum By<'a> {
     /// The owner holding this token (fenced).
     Owner(&'a str),
     /// A person resolving a parked record.
@@ -158,7 +157,7 @@ pub(super) enum By<'a> {
 
 /// Records `result` on a PROCESSING record; false if `by` may not (any more): the token lost
 /// the record (fenced), or the record is not parked.
-pub(super) async fn finish<C: Conn>(
+pub(crate) async fn finish<C: Conn>(
     conn: &mut C,
     key: &Key,
     by: By<'_>,
@@ -174,8 +173,7 @@ pub(super) async fn finish<C: Conn>(
         status.as_str(),
         &result.code,
         &result.body,
-        // Never a NULL argument: PostgreSQL's prepared statements keep the type of the first
-        // binding, and dtx_sql binds NULL as BIGINT. "No resource" travels as ''.
+        // "No resource" is a NULL (dtx_sql binds it typed as text); `Some("")` stays ''.
         result.resource_id.as_deref(),
         now,
         key.scope(),
@@ -192,7 +190,7 @@ pub(super) async fn finish<C: Conn>(
 }
 
 /// Moves `token`'s lease end to `lease_until`; false if the token lost the record.
-pub(super) async fn renew<C: Conn>(
+pub(crate) async fn renew<C: Conn>(
     conn: &mut C,
     key: &Key,
     token: &str,
@@ -204,7 +202,7 @@ pub(super) async fn renew<C: Conn>(
 }
 
 /// True if `token` still owns the PROCESSING record.
-pub(super) async fn touch<C: Conn>(
+pub(crate) async fn touch<C: Conn>(
     conn: &mut C,
     key: &Key,
     token: &str,
@@ -213,7 +211,7 @@ pub(super) async fn touch<C: Conn>(
     one_row(conn, TOUCH, args![now, key.scope(), key.idem_key(), token]).await
 }
 
-pub(super) async fn reclaim<C: Conn>(
+pub(crate) async fn reclaim<C: Conn>(
     conn: &mut C,
     key: &Key,
     token: &str,
@@ -237,7 +235,7 @@ pub(super) async fn reclaim<C: Conn>(
     .await
 }
 
-pub(super) async fn park<C: Conn>(
+pub(crate) async fn park<C: Conn>(
     conn: &mut C,
     key: &Key,
     token: &str,
@@ -252,7 +250,7 @@ pub(super) async fn park<C: Conn>(
     .await
 }
 
-pub(super) async fn expired<C: Conn>(
+pub(crate) async fn expired<C: Conn>(
     conn: &mut C,
     scope: &str,
     now: i64,
@@ -267,7 +265,7 @@ pub(super) async fn expired<C: Conn>(
         .collect::<Result<_, _>>()?)
 }
 
-pub(super) async fn stats<C: Conn>(conn: &mut C, scope: &str) -> Result<Stats, Error> {
+pub(crate) async fn stats<C: Conn>(conn: &mut C, scope: &str) -> Result<Stats, Error> {
     let mut stats = Stats::default();
     for row in conn.fetch_all(STATS, args![scope]).await? {
         let count = row.i64(1)? as u64;
@@ -287,7 +285,7 @@ pub(super) async fn stats<C: Conn>(conn: &mut C, scope: &str) -> Result<Stats, E
 }
 
 /// Deletes one batch; returns how many rows went.
-pub(super) async fn purge_batch<DB: Backend>(
+pub(crate) async fn purge_batch<DB: Backend>(
     pool: &dtx_sql::sqlx::Pool<DB>,
     scope: &str,
     cutoff: i64,
@@ -304,11 +302,11 @@ pub(super) async fn purge_batch<DB: Backend>(
     Ok(deleted)
 }
 
-pub(super) const SAVEPOINT: &str = "SAVEPOINT dtx_idempotency";
-pub(super) const RELEASE_SAVEPOINT: &str = "RELEASE SAVEPOINT dtx_idempotency";
-pub(super) const ROLLBACK_TO_SAVEPOINT: &str = "ROLLBACK TO SAVEPOINT dtx_idempotency";
+pub(crate) const SAVEPOINT: &str = "SAVEPOINT dtx_idempotency";
+pub(crate) const RELEASE_SAVEPOINT: &str = "RELEASE SAVEPOINT dtx_idempotency";
+pub(crate) const ROLLBACK_TO_SAVEPOINT: &str = "ROLLBACK TO SAVEPOINT dtx_idempotency";
 
 /// Runs one of the savepoint statements above.
-pub(super) async fn savepoint<C: Conn>(conn: &mut C, statement: &'static str) -> Result<(), Error> {
+pub(crate) async fn savepoint<C: Conn>(conn: &mut C, statement: &'static str) -> Result<(), Error> {
     Ok(conn.execute_raw(statement).await?)
 }

@@ -2,7 +2,7 @@
 //! and every repeat gets an answer compatible with the first one.
 //!
 //! For HTTP create endpoints, payment callbacks, message consumers and jobs (TCC/saga branches
-//! use the [barrier](crate::barrier)). One table, `dtx_idempotency`, keyed by [`Key`] (scope +
+//! use dtx-sdk's barrier). One table, `dtx_idempotency`, keyed by [`Key`] (scope +
 //! tenant + stable business id + version), holding the [`RequestHash`] of the first request,
 //! a [`Status`], the owner's token and lease, and the first result.
 //!
@@ -37,15 +37,23 @@
 //! failure, retryable failure or **unknown** - unknown is never deleted and never retried
 //! blindly; it stays PROCESSING until the lease expires and the fact check decides.
 //!
-//! Around it: [`http`] (a tower layer for the `Idempotency-Key` header), [`consumer`]
-//! (message consumers, de-duplicated in the same transaction as their writes) and
+//! Around it: `http` (a tower layer for the `Idempotency-Key` header, cargo feature `http`),
+//! [`consumer`] (message consumers, de-duplicated in the same transaction as their writes) and
 //! [`retention`] (bounded deletes per scope, statistics to monitor).
 //!
-//! Timestamps are the application's clock (Unix ms), so instances sharing a table need clocks
-//! synchronized well within a lease. Keys and hashes are logged only as fingerprints.
+//! Timestamps are the application's [`Clock`] (Unix ms, the system clock unless
+//! [`Idempotency::clock`] sets another), so instances sharing a table need clocks synchronized
+//! well within a lease. Keys and hashes are logged only as fingerprints.
+//!
+//! Cargo features: `json` (canonical-JSON request hashes, `RequestHash::of_json` and
+//! `HashRules`) and `http` (the tower layer; implies `json`). Without them the crate needs
+//! neither serde_json nor the http/tower stack.
 
+mod clock;
 pub mod consumer;
+mod error;
 mod hash;
+#[cfg(feature = "http")]
 pub mod http;
 mod key;
 mod lease;
@@ -61,12 +69,15 @@ use dtx_sql::Backend;
 use dtx_sql::sqlx::Pool;
 use futures::future::BoxFuture;
 
-pub use hash::{HashRules, RequestHash};
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use error::{Error, HandlerError};
+#[cfg(feature = "json")]
+pub use hash::HashRules;
+pub use hash::RequestHash;
 pub use key::{Key, KeyBuilder, MAX_KEY_LEN, MAX_SCOPE_LEN, check_business_id, check_scope};
 pub use lease::{Claim, Lease, Recovered};
 
-use crate::Error;
-use crate::barrier::HandlerError;
+use clock::SharedClock;
 
 /// Longest result code, in bytes (printable ASCII).
 pub const MAX_RESULT_CODE_LEN: usize = 64;
@@ -117,8 +128,7 @@ impl Status {
 pub struct StoredResult {
     /// A short code: an HTTP status (`"201"`) or a business code (`"INSUFFICIENT_FUNDS"`).
     pub code: String,
-    /// The resource the first execution created, if any (order id, payment id); `Some("")` is
-    /// stored as none.
+    /// The resource the first execution created, if any (order id, payment id).
     pub resource_id: Option<String>,
     pub body: Vec<u8>,
 }
@@ -357,6 +367,7 @@ pub struct Idempotency<DB: Backend> {
     max_result_bytes: usize,
     conflict_retries: u32,
     fact_check: FactCheck,
+    clock: SharedClock,
 }
 
 // Not derived: a derive would require `DB: Clone`, which database marker types are not.
@@ -369,15 +380,16 @@ impl<DB: Backend> Clone for Idempotency<DB> {
             max_result_bytes: self.max_result_bytes,
             conflict_retries: self.conflict_retries,
             fact_check: self.fact_check.clone(),
+            clock: self.clock.clone(),
         }
     }
 }
 
 impl<DB: Backend> Idempotency<DB> {
-    /// Records on `pool` (which must hold `dtx_idempotency`, see
-    /// [`crate::migrate_idempotency`]). Defaults: 30 s lease, no waiting, 64 KiB results,
-    /// and a fact check that parks every expired lease for a person - the only safe choice
-    /// without knowledge of the business.
+    /// Records on `pool` (which must hold `dtx_idempotency`: `dtx_sdk::migrate_idempotency`,
+    /// or `Backend::migrate` with `dtx_sql::Schema::Idempotency`). Defaults: 30 s lease, no
+    /// waiting, 64 KiB results, the system clock, and a fact check that parks every expired
+    /// lease for a person - the only safe choice without knowledge of the business.
     pub fn new(pool: Pool<DB>) -> Self {
         Idempotency {
             pool,
@@ -392,6 +404,7 @@ impl<DB: Backend> Idempotency<DB> {
                     ))
                 })
             }),
+            clock: Arc::new(SystemClock),
         }
     }
 
@@ -430,6 +443,18 @@ impl<DB: Backend> Idempotency<DB> {
         self
     }
 
+    /// The clock leases, take-overs and timestamps are read from (default [`SystemClock`]; a
+    /// [`ManualClock`] lets tests expire a lease without waiting for it).
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Arc::new(clock);
+        self
+    }
+
+    /// The current time of this store's clock (Unix ms).
+    pub fn now_ms(&self) -> i64 {
+        self.clock.now_ms()
+    }
+
     pub fn pool(&self) -> &Pool<DB> {
         &self.pool
     }
@@ -447,13 +472,13 @@ impl<DB: Backend> Idempotency<DB> {
     /// parked.
     pub async fn resolve(&self, key: &Key, completion: Completion) -> Result<(), Error> {
         let Some(result) = completion.result() else {
-            return Err(Error::Idempotency(
+            return Err(Error::Misuse(
                 "a parked record can only be resolved to a result".into(),
             ));
         };
         result.check(self.max_result_bytes)?;
         let mut tx = DB::begin(&self.pool).await?;
-        let now = dtx_sql::now_ms();
+        let now = self.now_ms();
         let done = sql::finish(
             DB::conn(&mut tx),
             key,
@@ -465,9 +490,7 @@ impl<DB: Backend> Idempotency<DB> {
         .await?;
         tx.commit().await?;
         if !done {
-            return Err(Error::Idempotency(format!(
-                "{key:?} is not parked for a person"
-            )));
+            return Err(Error::Misuse(format!("{key:?} is not parked for a person")));
         }
         Ok(())
     }

@@ -20,9 +20,10 @@
 use dtx_sql::Backend;
 use futures::future::BoxFuture;
 
-use super::{Answer, Completion, Idempotency, Key, RequestHash, StoredResult, check_scope};
-use crate::Error;
-use crate::barrier::HandlerError;
+use crate::{
+    Answer, Completion, Error, HandlerError, Idempotency, Key, RequestHash, StoredResult,
+    check_scope,
+};
 
 /// What to do with a delivery after [`Consumer::handle`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -72,7 +73,8 @@ impl<DB: Backend> Consumer<DB> {
     }
 
     /// Runs `handler` for business event `event_id` unless this group already processed it.
-    /// `content` is the hash of the event's content ([`RequestHash::of_json`] of the payload).
+    /// `content` is the hash of the event's content (`RequestHash::of_json` of the payload,
+    /// feature `json`).
     ///
     /// `handler` runs inside the transaction that records the event; an `Err` rolls both back
     /// and is returned (don't ack: the redelivery runs it again). It may run more than once

@@ -11,13 +11,14 @@
 //! long locks next to live traffic. PROCESSING records (in flight, unknown, or parked for a
 //! person) are never deleted, whatever their age: they are unresolved intents.
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use dtx_sql::Backend;
 use dtx_sql::sqlx::Pool;
-use dtx_sql::{Backend, now_ms};
 
-use super::{check_scope, sql};
-use crate::Error;
+use crate::clock::SharedClock;
+use crate::{Clock, Error, SystemClock, check_scope, sql};
 
 /// Deletes `scope`'s finished records created and last updated more than `window` ago, at most
 /// `batch` per transaction, until none is left; returns how many were deleted.
@@ -27,8 +28,19 @@ pub async fn purge_scope<DB: Backend>(
     window: Duration,
     batch: u32,
 ) -> Result<u64, Error> {
+    purge_scope_at(pool, scope, window, batch, SystemClock.now_ms()).await
+}
+
+/// [`purge_scope`] as of `now_ms` (the cutoff is `now_ms - window`).
+pub async fn purge_scope_at<DB: Backend>(
+    pool: &Pool<DB>,
+    scope: &str,
+    window: Duration,
+    batch: u32,
+    now_ms: i64,
+) -> Result<u64, Error> {
     check_scope(scope)?;
-    let cutoff = now_ms() - window.as_millis() as i64;
+    let cutoff = now_ms - window.as_millis() as i64;
     let batch = i64::from(batch.max(1));
     let mut total = 0;
     loop {
@@ -41,10 +53,11 @@ pub async fn purge_scope<DB: Backend>(
 }
 
 /// Retention windows per scope, run together (for example from a periodic task).
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Retention {
     windows: Vec<(String, Duration)>,
     batch: u32,
+    clock: SharedClock,
 }
 
 impl Default for Retention {
@@ -52,7 +65,17 @@ impl Default for Retention {
         Retention {
             windows: Vec::new(),
             batch: 500,
+            clock: Arc::new(SystemClock),
         }
+    }
+}
+
+impl std::fmt::Debug for Retention {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Retention")
+            .field("windows", &self.windows)
+            .field("batch", &self.batch)
+            .finish_non_exhaustive()
     }
 }
 
@@ -73,11 +96,18 @@ impl Retention {
         self
     }
 
+    /// The clock the windows are measured back from (default [`SystemClock`]).
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Arc::new(clock);
+        self
+    }
+
     /// Purges every configured scope; returns how many records were deleted.
     pub async fn run<DB: Backend>(&self, pool: &Pool<DB>) -> Result<u64, Error> {
         let mut total = 0;
         for (scope, window) in &self.windows {
-            let deleted = purge_scope(pool, scope, *window, self.batch).await?;
+            let now = self.clock.now_ms();
+            let deleted = purge_scope_at(pool, scope, *window, self.batch, now).await?;
             if deleted > 0 {
                 tracing::info!(
                     scope = scope.as_str(),

@@ -11,15 +11,14 @@
 //! be guarded by a business unique key (order request number), because a fact check cannot
 //! stop a stalled owner that wakes up later from writing.
 
-use dtx_sql::{Backend, now_ms};
+use dtx_sql::Backend;
 use std::future::Future;
 
-use super::{
+use crate::{
     Answer, Completion, Decision, Expired, Fact, Idempotency, Key, Record, RequestHash, Status,
     StoredResult, Waiter, answer_of, attention_text, decide, new_token, sql,
 };
-use crate::Error;
-use crate::barrier::HandlerError;
+use crate::{Error, HandlerError};
 
 /// The outcome of [`Idempotency::claim`].
 pub enum Claim<DB: Backend> {
@@ -51,7 +50,7 @@ impl<DB: Backend> Lease<DB> {
     /// [`Error::LeaseLost`] if it already was taken over - stop and don't complete.
     pub async fn renew(&self) -> Result<(), Error> {
         let store = &self.store;
-        let now = now_ms();
+        let now = store.now_ms();
         let mut tx = DB::begin(&store.pool).await?;
         let until = store.lease_until(now);
         let owned = sql::renew(DB::conn(&mut tx), &self.key, &self.token, until, now).await?;
@@ -101,7 +100,7 @@ impl<DB: Backend> Lease<DB> {
         work.await
     }
 
-    pub(super) fn into_token(self) -> String {
+    pub(crate) fn into_token(self) -> String {
         self.token
     }
 
@@ -112,7 +111,7 @@ impl<DB: Backend> Lease<DB> {
     /// (the effect happened but cannot be replayed) and returns the limit error.
     pub async fn complete(self, completion: Completion) -> Result<Answer, Error> {
         let store = &self.store;
-        let now = now_ms();
+        let now = store.now_ms();
         let mut tx = DB::begin(&store.pool).await?;
         let conn = DB::conn(&mut tx);
         let owned = match completion.result() {
@@ -162,13 +161,13 @@ pub struct Recovered {
 }
 
 impl<DB: Backend> Idempotency<DB> {
-    /// Claims `key` for a request with `hash`, or says why not (see [`super::decide`]).
+    /// Claims `key` for a request with `hash`, or says why not (see [`crate::decide`]).
     /// Waits up to [`Idempotency::wait`] for a live lease to finish.
     pub async fn claim(&self, key: &Key, hash: &RequestHash) -> Result<Claim<DB>, Error> {
         let mut waiter = Waiter::new(self.wait);
         let hash_hex = hash.to_hex();
         loop {
-            let now = now_ms();
+            let now = self.now_ms();
             let token = new_token();
             let mut tx = DB::begin(&self.pool).await?;
             let conn = DB::conn(&mut tx);
@@ -233,7 +232,7 @@ impl<DB: Backend> Idempotency<DB> {
     /// released as FAILED_RETRYABLE (a sweeper cannot run the business; the next request will).
     pub async fn recover_expired(&self, scope: &str, limit: u32) -> Result<Recovered, Error> {
         let mut tx = DB::begin(&self.pool).await?;
-        let keys = sql::expired(DB::conn(&mut tx), scope, now_ms(), limit).await?;
+        let keys = sql::expired(DB::conn(&mut tx), scope, self.now_ms(), limit).await?;
         tx.commit().await?;
         let mut recovered = Recovered::default();
         for idem_key in keys {
@@ -242,7 +241,7 @@ impl<DB: Backend> Idempotency<DB> {
                 continue;
             };
             let Decision::TakeOver { version } =
-                decide(&record, &Self::own_hash(&record)?, now_ms())
+                decide(&record, &Self::own_hash(&record)?, self.now_ms())
             else {
                 continue;
             };
@@ -266,7 +265,7 @@ impl<DB: Backend> Idempotency<DB> {
     /// A sweep acts on behalf of the stored request, so it presents the stored hash.
     fn own_hash(record: &Record) -> Result<RequestHash, Error> {
         RequestHash::from_hex(&record.request_hash).ok_or_else(|| {
-            Error::Idempotency(format!(
+            Error::Corrupt(format!(
                 "stored request hash {:?} is malformed",
                 record.request_hash
             ))
@@ -290,7 +289,7 @@ impl<DB: Backend> Idempotency<DB> {
         version: i64,
         token: String,
     ) -> Result<Option<Claim<DB>>, Error> {
-        let now = now_ms();
+        let now = self.now_ms();
         let mut tx = DB::begin(&self.pool).await?;
         let won = sql::reclaim(
             DB::conn(&mut tx),
@@ -318,7 +317,7 @@ impl<DB: Backend> Idempotency<DB> {
         };
         // On error the record keeps our fresh lease; the check runs again when it expires.
         let fact = (self.fact_check)(expired).await.map_err(Error::FactCheck)?;
-        let now = now_ms();
+        let now = self.now_ms();
         let answer = match fact {
             Fact::NotHappened => return Ok(Some(Claim::Owned(self.owned(key, token)))),
             Fact::Happened(result) => {
@@ -354,5 +353,100 @@ impl<DB: Backend> Idempotency<DB> {
             }
         };
         Ok(answer.map(Claim::Answered))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use dtx_sql::sqlx::{Pool, Sqlite};
+
+    use super::*;
+    use crate::ManualClock;
+
+    const LEASE: Duration = Duration::from_secs(30);
+
+    async fn sqlite() -> (tempfile::TempDir, Pool<Sqlite>) {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("idem.db").display());
+        let pool = Sqlite::connect(&url, 2).await.unwrap();
+        Sqlite::migrate(&pool, dtx_sql::Schema::Idempotency)
+            .await
+            .unwrap();
+        (dir, pool)
+    }
+
+    fn key(id: &str) -> Key {
+        Key::builder("order.create")
+            .business_id(id)
+            .build()
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_lease_lapses_when_the_clock_passes_it_and_the_stale_owner_is_fenced() {
+        let (_dir, pool) = sqlite().await;
+        let clock = ManualClock::at(1_000_000);
+        let store = Idempotency::new(pool).lease(LEASE).clock(clock.clone());
+        let (k, hash) = (key("o-1"), RequestHash::of_bytes(b"req"));
+        let Claim::Owned(stale) = store.claim(&k, &hash).await.unwrap() else {
+            panic!("first claim owns the key")
+        };
+        // Live up to and including its last millisecond, however long the test really takes.
+        clock.advance(LEASE);
+        let Claim::Answered(Answer::InProgress { retry_after }) =
+            store.claim(&k, &hash).await.unwrap()
+        else {
+            panic!("the lease still lives")
+        };
+        assert_eq!(retry_after, Duration::from_millis(1));
+        clock.advance(Duration::from_millis(1));
+        // Expired: taken over, and the default fact check parks it for a person.
+        let Claim::Answered(Answer::NeedsAttention { .. }) = store.claim(&k, &hash).await.unwrap()
+        else {
+            panic!("an expired lease goes to the fact check")
+        };
+        let late = stale
+            .complete(Completion::Succeeded(StoredResult::new("201")))
+            .await;
+        assert!(matches!(late, Err(Error::LeaseLost)), "{late:?}");
+        let record = store.record(&k).await.unwrap().unwrap();
+        assert_eq!(
+            (record.status, record.lease_until),
+            (Status::Processing, None)
+        );
+        assert_eq!(record.updated_at, 1_000_000 + 30_001);
+    }
+
+    #[tokio::test]
+    async fn renewals_and_sweeps_follow_the_clock() {
+        let (_dir, pool) = sqlite().await;
+        let clock = ManualClock::at(5_000);
+        let store = Idempotency::new(pool)
+            .lease(LEASE)
+            .clock(clock.clone())
+            .fact_check(|_| Box::pin(async { Ok(Fact::NotHappened) }));
+        let (k, hash) = (key("o-2"), RequestHash::of_bytes(b"req"));
+        let Claim::Owned(lease) = store.claim(&k, &hash).await.unwrap() else {
+            panic!("first claim owns the key")
+        };
+        clock.advance(LEASE / 2);
+        lease.renew().await.unwrap();
+        assert_eq!(
+            store.record(&k).await.unwrap().unwrap().lease_until,
+            Some(5_000 + 15_000 + 30_000)
+        );
+        clock.advance(LEASE);
+        let nothing = store.recover_expired("order.create", 10).await.unwrap();
+        assert_eq!(nothing, Recovered::default(), "renewed: not expired yet");
+        clock.advance(Duration::from_millis(1));
+        let swept = store.recover_expired("order.create", 10).await.unwrap();
+        assert_eq!(swept.released, 1);
+        assert_eq!(
+            store.record(&k).await.unwrap().unwrap().status,
+            Status::FailedRetryable
+        );
+        assert!(matches!(lease.renew().await, Err(Error::LeaseLost)));
     }
 }

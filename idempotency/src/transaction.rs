@@ -6,15 +6,14 @@
 //! goes through and it runs the business itself. No business effect and no record can exist
 //! without each other.
 
-use dtx_sql::{Backend, now_ms};
+use dtx_sql::Backend;
 use futures::future::BoxFuture;
 
-use super::{
+use crate::{
     Answer, Claim, Completion, Decision, Idempotency, Key, RequestHash, Waiter, answer_of, backoff,
     decide, new_token, sql,
 };
-use crate::Error;
-use crate::barrier::HandlerError;
+use crate::{Error, HandlerError};
 
 /// The shape of same-transaction business code, named once for the private steps.
 trait TxBusiness<C>:
@@ -48,7 +47,7 @@ impl<DB: Backend> Idempotency<DB> {
     /// * `Err` - nothing happened anywhere: everything rolls back, the key is free again.
     ///
     /// `business` may be called again if the transaction loses a lock conflict (deadlock,
-    /// busy), which is why it is `Fn`. Repeats are answered as in [`super::decide`]; a repeat
+    /// busy), which is why it is `Fn`. Repeats are answered as in [`crate::decide`]; a repeat
     /// that finds a live lease waits up to [`Idempotency::wait`].
     pub async fn run_in_transaction<F>(
         &self,
@@ -127,7 +126,7 @@ impl<DB: Backend> Idempotency<DB> {
     where
         F: TxBusiness<DB::Conn>,
     {
-        let now = now_ms();
+        let now = self.now_ms();
         let token = match owned {
             Some(token) => token.to_string(),
             None => {
@@ -160,7 +159,7 @@ impl<DB: Backend> Idempotency<DB> {
                 sql::savepoint(conn, sql::ROLLBACK_TO_SAVEPOINT).await?
             }
         }
-        let now = now_ms();
+        let now = self.now_ms();
         let still_owner = match completion.result() {
             Some(result) => {
                 result.check(self.max_result_bytes)?;

@@ -1,58 +1,4 @@
-//! A tower layer for the `Idempotency-Key` request header (usable with axum, hyper, tonic-web).
-//!
-//! Wrap the *create* routes (POST/PATCH) with [`IdempotencyLayer`]. For every request with a key
-//! it hashes method, path and body ([`super::HashRules`] canonical JSON for JSON bodies),
-//! claims the key in lease mode, calls the inner service only for the request that owns the
-//! claim, and stores its status, the headers that matter and the body; repeats get that stored
-//! response back. Safe methods (GET, HEAD, OPTIONS, TRACE) pass through untouched.
-//!
-//! | situation                                   | response                                        |
-//! |---------------------------------------------|-------------------------------------------------|
-//! | first request                               | the handler's response (e.g. 201), recorded     |
-//! | repeat after SUCCEEDED / FAILED_FINAL       | the stored status, headers, body + `Idempotent-Replayed: true` |
-//! | repeat while the first is running           | `202 Accepted` + `Retry-After` (or waits, see [`super::Idempotency::wait`]) |
-//! | repeat after FAILED_RETRYABLE               | runs again (re-claimed with a new owner token)  |
-//! | same key, different method/path/body        | `409 Conflict`, the first result untouched      |
-//! | lease expired, fact check could not tell    | `202 Accepted`, parked for a person             |
-//! | key missing (when required) or malformed    | `400 Bad Request`                               |
-//! | body larger than the limit                  | `413 Content Too Large`                         |
-//! | idempotency store unavailable               | `503 Service Unavailable` + `Retry-After`; the handler did not run |
-//!
-//! Error bodies are `application/problem+json` (RFC 9457).
-//!
-//! # Where this differs from the IETF httpapi Idempotency-Key draft, and why
-//!
-//! * **Different payload for a used key: 409, not 422.** 422 already means "your body failed
-//!   validation" in most APIs, and a client fixing its body would retry with the same key and
-//!   keep failing. The key is bound to a state that conflicts with the request: 409 is that.
-//! * **Concurrent request while the first is in flight: 202 + `Retry-After`, not 409.** The
-//!   first request was accepted and is being processed; a client should come back later with
-//!   the same key. Answering 409 would make "wait and retry with this key" indistinguishable
-//!   from "this key is used for something else, never retry it" above.
-//! * **Missing key: 400**, like the draft (not 422: nothing about the body is wrong).
-//! * **Key syntax:** the draft defines the value as a Structured Field String (`"..."`); we
-//!   accept that and the bare form most clients send (`Idempotency-Key: 8e03978e-...`), limited
-//!   to 64 bytes of `[A-Za-z0-9._:-]` (UUIDs fit) so a header can never inject anything into the
-//!   key or blow up the index. The draft leaves the format to the server.
-//! * **Replays** repeat the stored status, body and a configurable list of headers
-//!   (`Content-Type`, `Location`, `Content-Location`, `ETag` by default) and add
-//!   `Idempotent-Replayed: true`; the draft only says "the result of the previously completed
-//!   operation". `Date`, cookies and per-attempt headers are not replayed.
-//! * **Errors are recorded too**: a final 4xx is replayed to repeats (the draft's "success or an
-//!   error"); 408, 425, 429 and 503 are retryable failures the next request runs again; any
-//!   other 5xx is *unknown* (the handler may have committed before failing): repeats get 202
-//!   until the lease expires and the fact check decides. A handler that knows better inserts an
-//!   [`Outcome`] into its response extensions.
-//!
-//! The key is scoped by the layer's operation scope and by the tenant your authentication
-//! established ([`IdempotencyLayer::tenant`]), so two clients' equal keys never meet. Run
-//! authentication before this layer, so anonymous traffic cannot fill the table.
-//!
-//! While the handler runs, the layer renews the lease every third of it
-//! ([`super::Lease::keep_alive`]), so a slow handler keeps its record and repeats get 202 until
-//! it answers. A client that disconnects mid-request drops the handler future and with it the
-//! renewal; the record then stays PROCESSING until its lease expires and the fact check runs -
-//! exactly like a crash.
+//! The tower layer: claims the key, runs the inner service for the owner, records and replays.
 
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -66,20 +12,13 @@ use http_body::Body;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use tower::{Layer, Service};
 
-use super::{
-    Answer, Claim, Completion, HashRules, Idempotency, Key, MAX_RESOURCE_ID_LEN, RequestHash,
-    Status, StoredResult, check_business_id, check_scope,
+use super::envelope::{encode_response, replay};
+use super::problem::problem;
+use super::{DEFAULT_MAX_REQUEST_BYTES, IDEMPOTENCY_KEY, MAX_CLIENT_KEY_LEN};
+use crate::{
+    Answer, Claim, Completion, Error, HashRules, Idempotency, Key, MAX_RESOURCE_ID_LEN,
+    RequestHash, StoredResult, check_business_id, check_scope,
 };
-use crate::Error;
-
-/// The request header carrying the key.
-pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
-/// Set on every replayed response.
-pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
-/// Longest accepted client key, in bytes.
-pub const MAX_CLIENT_KEY_LEN: usize = 64;
-/// Default limit of a buffered request body.
-pub const DEFAULT_MAX_REQUEST_BYTES: usize = 1024 * 1024;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 type TenantFn = Arc<dyn Fn(&http::request::Parts) -> Option<String> + Send + Sync>;
@@ -135,7 +74,7 @@ impl<DB: Backend> Clone for Config<DB> {
     }
 }
 
-/// Applies idempotency records to the wrapped routes; see the [module docs](self).
+/// Applies idempotency records to the wrapped routes; see the [module docs](super).
 pub struct IdempotencyLayer<DB: Backend> {
     config: Config<DB>,
 }
@@ -517,56 +456,6 @@ fn completion_of<DB: Backend>(
     }
 }
 
-const ENVELOPE_MAGIC: &[u8; 4] = b"DTX1";
-
-/// The stored form of a response: magic, a flags byte (1 = body omitted), the replayed headers
-/// as length-prefixed name/value pairs, then the body.
-fn encode_response(headers: &[(&HeaderName, &HeaderValue)], body: &[u8], omitted: bool) -> Vec<u8> {
-    let mut out = Vec::with_capacity(body.len() + 64);
-    out.extend_from_slice(ENVELOPE_MAGIC);
-    out.push(u8::from(omitted));
-    let headers: Vec<_> = headers
-        .iter()
-        .filter(|(n, v)| n.as_str().len() <= 0xffff && v.len() <= 0xffff)
-        .take(0xffff)
-        .collect();
-    out.extend_from_slice(&(headers.len() as u16).to_be_bytes());
-    for (name, value) in headers {
-        for part in [name.as_str().as_bytes(), value.as_bytes()] {
-            out.extend_from_slice(&(part.len() as u16).to_be_bytes());
-            out.extend_from_slice(part);
-        }
-    }
-    out.extend_from_slice(body);
-    out
-}
-
-/// A decoded stored response: headers, body, and whether the body was left out.
-type Envelope = (Vec<(HeaderName, HeaderValue)>, Bytes, bool);
-
-fn decode_response(stored: &[u8]) -> Option<Envelope> {
-    fn take<'a>(rest: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
-        let (head, tail) = (rest.get(..n)?, rest.get(n..)?);
-        *rest = tail;
-        Some(head)
-    }
-    fn take_u16(rest: &mut &[u8]) -> Option<usize> {
-        Some(u16::from_be_bytes(take(rest, 2)?.try_into().ok()?) as usize)
-    }
-    let mut rest = stored.strip_prefix(ENVELOPE_MAGIC)?;
-    let flags = take(&mut rest, 1)?[0];
-    let count = take_u16(&mut rest)?;
-    let mut headers = Vec::with_capacity(count);
-    for _ in 0..count {
-        let len = take_u16(&mut rest)?;
-        let name = HeaderName::from_bytes(take(&mut rest, len)?).ok()?;
-        let len = take_u16(&mut rest)?;
-        let value = HeaderValue::from_bytes(take(&mut rest, len)?).ok()?;
-        headers.push((name, value));
-    }
-    Some((headers, Bytes::copy_from_slice(rest), flags & 1 == 1))
-}
-
 fn answer_response<B: From<Bytes>>(answer: Answer) -> Response<B> {
     match answer {
         Answer::Replayed { status, result } => replay(status, &result),
@@ -603,52 +492,6 @@ fn answer_response<B: From<Bytes>>(answer: Answer) -> Response<B> {
             "",
         ),
     }
-}
-
-fn replay<B: From<Bytes>>(status: Status, result: &StoredResult) -> Response<B> {
-    let code = result
-        .code
-        .parse::<u16>()
-        .ok()
-        .and_then(|c| StatusCode::from_u16(c).ok())
-        .unwrap_or(match status {
-            Status::Succeeded => StatusCode::OK,
-            _ => StatusCode::UNPROCESSABLE_ENTITY,
-        });
-    let (headers, body, omitted) = decode_response(&result.body)
-        .unwrap_or_else(|| (Vec::new(), Bytes::copy_from_slice(&result.body), false));
-    let mut response = Response::new(B::from(body));
-    *response.status_mut() = code;
-    for (name, value) in headers {
-        response.headers_mut().append(name, value);
-    }
-    let flag = if omitted { "body-omitted" } else { "true" };
-    response
-        .headers_mut()
-        .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static(flag));
-    response
-}
-
-/// An RFC 9457 problem response.
-fn problem<B: From<Bytes>>(
-    status: StatusCode,
-    kind: &str,
-    title: &str,
-    detail: &str,
-) -> Response<B> {
-    let body = serde_json::json!({
-        "type": format!("urn:dtx:idempotency:{kind}"),
-        "title": title,
-        "status": status.as_u16(),
-        "detail": detail,
-    });
-    let mut response = Response::new(B::from(Bytes::from(body.to_string())));
-    *response.status_mut() = status;
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/problem+json"),
-    );
-    response
 }
 
 #[cfg(test)]
@@ -720,29 +563,6 @@ mod tests {
             Outcome::of_status(StatusCode::GATEWAY_TIMEOUT),
             Outcome::Unknown
         );
-    }
-
-    #[test]
-    fn stored_responses_round_trip() {
-        let ct = HeaderValue::from_static("application/json");
-        let loc = HeaderValue::from_static("/orders/O1");
-        let stored = encode_response(
-            &[(&header::CONTENT_TYPE, &ct), (&header::LOCATION, &loc)],
-            b"{\"id\":\"O1\"}",
-            false,
-        );
-        let (hs, body, omitted) = decode_response(&stored).unwrap();
-        assert_eq!(
-            hs,
-            vec![(header::CONTENT_TYPE, ct), (header::LOCATION, loc)]
-        );
-        assert_eq!(&body[..], b"{\"id\":\"O1\"}");
-        assert!(!omitted);
-        let (hs, body, omitted) = decode_response(&encode_response(&[], b"", true)).unwrap();
-        assert!(hs.is_empty() && body.is_empty() && omitted);
-        // Not an envelope (or truncated): not decoded.
-        assert!(decode_response(b"plain").is_none());
-        assert!(decode_response(&stored[..8]).is_none());
     }
 
     fn parts(method: &str, uri: &str, content_type: Option<&str>) -> http::request::Parts {
