@@ -1,4 +1,6 @@
-//! Configuration: command-line flags, each with an environment variable.
+//! Configuration: command-line flags, each with an environment variable. Defaults come from
+//! [`EngineConfig::default`] and [`StoreOptions::default`] (one source), and the README's
+//! options table is generated from these flags and checked by a test.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -10,7 +12,7 @@ use crate::store::StoreOptions;
 #[derive(Debug, Clone, clap::Parser)]
 #[command(name = "coordinator", version)]
 pub struct Config {
-    /// Address the gRPC server listens on.
+    /// Address the gRPC server listens on (gRPC health and reflection v1/v1alpha included).
     #[arg(long, env = "DTX_LISTEN", default_value = "127.0.0.1:50070")]
     pub listen: SocketAddr,
 
@@ -26,31 +28,31 @@ pub struct Config {
 
     /// How long a claim on a transaction lasts without renewal; a crashed instance's work is
     /// taken over after this.
-    #[arg(long, env = "DTX_LEASE_MS", default_value_t = 15_000)]
+    #[arg(long, env = "DTX_LEASE_MS", default_value_t = millis(EngineConfig::default().lease))]
     pub lease_ms: u64,
 
     /// How often recovery looks for due work (deadlines, expired leases, slow retries).
-    #[arg(long, env = "DTX_POLL_MS", default_value_t = 1_000)]
+    #[arg(long, env = "DTX_POLL_MS", default_value_t = millis(EngineConfig::default().poll_interval))]
     pub poll_ms: u64,
 
     /// Retries due later than this are handed back to the store instead of waiting in memory.
-    #[arg(long, env = "DTX_HANDOFF_MS", default_value_t = 30_000)]
+    #[arg(long, env = "DTX_HANDOFF_MS", default_value_t = millis(EngineConfig::default().handoff_after))]
     pub handoff_ms: u64,
 
     /// Finished transactions are deleted this many hours after they finished; 0 keeps them.
-    #[arg(long, env = "DTX_RETENTION_HOURS", default_value_t = 168)]
+    #[arg(long, env = "DTX_RETENTION_HOURS", default_value_t = EngineConfig::default().retention.map_or(0, |r| r.as_secs() / 3600))]
     pub retention_hours: u64,
 
     /// Most state changes grouped into one database commit (1 = a commit per change).
-    #[arg(long, env = "DTX_WRITE_BATCH", default_value_t = 128)]
+    #[arg(long, env = "DTX_WRITE_BATCH", default_value_t = StoreOptions::default().max_batch)]
     pub write_batch: usize,
 
     /// Concurrent store writer tasks.
-    #[arg(long, env = "DTX_WRITERS", default_value_t = 2)]
+    #[arg(long, env = "DTX_WRITERS", default_value_t = StoreOptions::default().writers)]
     pub writers: usize,
 
     /// Connections in the store's pool.
-    #[arg(long, env = "DTX_DB_CONNECTIONS", default_value_t = 16)]
+    #[arg(long, env = "DTX_DB_CONNECTIONS", default_value_t = StoreOptions::default().max_connections)]
     pub db_connections: u32,
 
     /// Serve Prometheus metrics over HTTP on this address (e.g. 127.0.0.1:9070).
@@ -59,12 +61,19 @@ pub struct Config {
 
     /// Warn when this host's clock is further than this from the database's (leases, due
     /// times and deadlines always use the database's time).
-    #[arg(long, env = "DTX_MAX_CLOCK_SKEW_MS", default_value_t = 1_000)]
+    #[arg(long, env = "DTX_MAX_CLOCK_SKEW_MS", default_value_t = millis(EngineConfig::default().max_clock_skew))]
     pub max_clock_skew_ms: u64,
 
     /// On SIGTERM/Ctrl-C, how long drivers may finish in-flight calls before exiting.
-    #[arg(long, env = "DTX_SHUTDOWN_GRACE_MS", default_value_t = 5_000)]
+    #[arg(long, env = "DTX_SHUTDOWN_GRACE_MS", default_value_t = millis(DEFAULT_SHUTDOWN_GRACE))]
     pub shutdown_grace_ms: u64,
+}
+
+/// Shutdown grace when none is configured.
+pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+fn millis(d: Duration) -> u64 {
+    d.as_millis() as u64
 }
 
 impl Config {
@@ -88,5 +97,68 @@ impl Config {
             writers: self.writers.max(1),
             max_connections: self.db_connections.max(2),
         }
+    }
+}
+
+/// The README's table of coordinator options, rendered from the flags themselves.
+pub fn options_table() -> String {
+    use clap::CommandFactory;
+    let command = Config::command();
+    let mut table = String::from("| flag | environment | default | meaning |\n|---|---|---|---|\n");
+    for arg in command.get_arguments() {
+        let Some(long) = arg.get_long() else { continue };
+        if matches!(long, "help" | "version") {
+            continue;
+        }
+        let env = arg
+            .get_env()
+            .map_or(String::new(), |e| format!("`{}`", e.to_string_lossy()));
+        let default = arg
+            .get_default_values()
+            .iter()
+            .map(|v| format!("`{}`", v.to_string_lossy()))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let default = if default.is_empty() {
+            "none".into()
+        } else {
+            default
+        };
+        let help = arg
+            .get_long_help()
+            .or(arg.get_help())
+            .map(|h| {
+                h.to_string()
+                    .split_whitespace()
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            })
+            .unwrap_or_default();
+        table.push_str(&format!("| `--{long}` | {env} | {default} | {help} |\n"));
+    }
+    table
+}
+
+#[cfg(test)]
+mod tests {
+    /// The README's options table is the one the flags render: a changed default or a new
+    /// flag fails here until the README says the same.
+    #[test]
+    fn the_readme_lists_every_option_with_its_default() {
+        let readme = include_str!("../../README.md");
+        let (begin, end) = ("<!-- options:begin -->\n", "<!-- options:end -->");
+        let start = readme
+            .find(begin)
+            .expect("README has an options:begin marker")
+            + begin.len();
+        let stop = readme[start..]
+            .find(end)
+            .expect("README has an options:end marker")
+            + start;
+        let expected = super::options_table();
+        assert!(
+            readme[start..stop] == expected,
+            "README.md's options table is out of date; replace it with:\n{expected}"
+        );
     }
 }

@@ -126,9 +126,21 @@ fn redact(url: &str) -> String {
 /// A minimal HTTP endpoint answering every request with the Prometheus text of the metrics.
 async fn serve_metrics(listener: TcpListener, engine: Engine) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut pause = Duration::from_millis(10);
     loop {
-        let Ok((mut socket, _)) = listener.accept().await else {
-            continue;
+        let mut socket = match listener.accept().await {
+            Ok((socket, _)) => {
+                pause = Duration::from_millis(10);
+                socket
+            }
+            // A persistent error (e.g. out of file descriptors) must not spin a core: back
+            // off, capped at a second, and say why.
+            Err(e) => {
+                tracing::warn!(error = %e, "metrics listener cannot accept; retrying");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(1));
+                continue;
+            }
         };
         let engine = engine.clone();
         tokio::spawn(async move {

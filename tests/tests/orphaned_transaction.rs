@@ -52,8 +52,9 @@ async fn mariadb_begin_rolls_back_an_orphaned_transaction() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_begin_works_on_an_orphaned_transaction() {
     with_db::<dtx_sql::sqlx::Postgres, _, _>(&[], |db| async move {
-        // PostgreSQL only warns about BEGIN inside a transaction; the next commit ends both.
-        // (A cancelled begin leaves no statement in the orphan, so nothing extra commits.)
+        // PostgreSQL only warns about BEGIN inside a transaction; the next commit ends both, so
+        // the orphan's insert (put there by this test) commits too. A cancelled begin leaves no
+        // statement in its orphan, so in real use nothing extra commits.
         assert_eq!(next_begin_recovers(db).await, vec![1, 2]);
     })
     .await;

@@ -197,12 +197,10 @@ impl<DB: Backend> SqlStore<DB> {
     }
 
     async fn purge(&self, before_ms: i64, batch: i64) -> Result<u64> {
-        let mut total = 0;
-        loop {
-            let mut tx = DB::begin(&self.pool).await?;
+        let purged = dtx_sql::purge_batched(&self.pool, batch, |mut tx, limit| async move {
             let conn = DB::conn(&mut tx);
             let xids: Vec<String> = conn
-                .fetch_all(FINISHED, args![before_ms, batch])
+                .fetch_all(FINISHED, args![before_ms, limit])
                 .await?
                 .iter()
                 .map(|r| r.text(0))
@@ -221,12 +219,10 @@ impl<DB: Backend> SqlStore<DB> {
                 )
                 .await?;
             }
-            tx.commit().await?;
-            total += xids.len() as u64;
-            if (xids.len() as i64) < batch {
-                return Ok(total);
-            }
-        }
+            Ok::<_, dtx_sql::sqlx::Error>((tx, xids.len() as u64))
+        })
+        .await?;
+        Ok(purged)
     }
 }
 
@@ -697,5 +693,42 @@ async fn read_branch<C: Conn>(
     {
         Some(r) => Ok(Some(branch_from_row(&r)?)),
         None => Ok(None),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every status, kind and decision spelled inside the store's SQL is one the enums parse.
+    #[test]
+    fn every_literal_in_the_sql_is_an_enum_spelling() {
+        let mut statements = vec![
+            SELECT_GLOBAL,
+            SELECT_TCC_RECORD,
+            SELECT_BRANCHES,
+            COUNT_BRANCH,
+            UNCOUNT_BRANCH,
+            SELECT_BRANCH,
+            DECIDE_COMMIT,
+            DECIDE_ROLLBACK,
+            PROGRESS,
+            ANY_DUE,
+            CLAIM,
+            PARKED,
+            FINISHED,
+        ];
+        for sql in [INSERT_GLOBAL, INSERT_BRANCH, DUE] {
+            statements.extend(sql.texts());
+        }
+        dtx_sql::assert_literals_known(
+            &statements,
+            &[
+                TxStatus::SPELLINGS,
+                BranchState::SPELLINGS,
+                Kind::SPELLINGS,
+                Decision::SPELLINGS,
+            ],
+        );
     }
 }
