@@ -88,37 +88,16 @@ pub const MAX_ATTENTION_LEN: usize = 512;
 /// Default bound of a stored result body.
 pub const DEFAULT_MAX_RESULT_BYTES: usize = 64 * 1024;
 
-/// The state of a record.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Status {
-    /// Claimed; the owner is working (or the outcome is unknown, or it is parked).
-    Processing,
-    Succeeded,
-    /// Failed in a way a later attempt may fix; the next request re-claims it.
-    FailedRetryable,
-    /// Failed for good; repeats get the same failure.
-    FailedFinal,
-}
-
-impl Status {
-    /// The stored name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Status::Processing => "PROCESSING",
-            Status::Succeeded => "SUCCEEDED",
-            Status::FailedRetryable => "FAILED_RETRYABLE",
-            Status::FailedFinal => "FAILED_FINAL",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Status> {
-        match s {
-            "PROCESSING" => Some(Status::Processing),
-            "SUCCEEDED" => Some(Status::Succeeded),
-            "FAILED_RETRYABLE" => Some(Status::FailedRetryable),
-            "FAILED_FINAL" => Some(Status::FailedFinal),
-            _ => None,
-        }
+dtx_sql::db_enum! {
+    /// The state of a record.
+    pub enum Status {
+        /// Claimed; the owner is working (or the outcome is unknown, or it is parked).
+        Processing = "PROCESSING",
+        Succeeded = "SUCCEEDED",
+        /// Failed in a way a later attempt may fix; the next request re-claims it.
+        FailedRetryable = "FAILED_RETRYABLE",
+        /// Failed for good; repeats get the same failure.
+        FailedFinal = "FAILED_FINAL",
     }
 }
 

@@ -42,14 +42,8 @@ pub async fn purge_scope_at<DB: Backend>(
     check_scope(scope)?;
     let cutoff = now_ms - window.as_millis() as i64;
     let batch = i64::from(batch.max(1));
-    let mut total = 0;
-    loop {
-        let deleted = sql::purge_batch(pool, scope, cutoff, batch).await?;
-        total += deleted;
-        if deleted < batch as u64 {
-            return Ok(total);
-        }
-    }
+    let args = dtx_sql::args![scope, cutoff, cutoff];
+    Ok(dtx_sql::delete_batched(pool, sql::PURGE, args, batch).await?)
 }
 
 /// Retention windows per scope, run together (for example from a periodic task).

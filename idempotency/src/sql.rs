@@ -5,7 +5,7 @@
 //! row to decide whether to insert it, and nothing locks a missing row (no gap locks on
 //! MySQL/MariaDB).
 
-use dtx_sql::{Arg, Backend, Conn, Sql, SqlRow, args, insert_ignore};
+use dtx_sql::{Arg, Conn, Sql, SqlRow, args, insert_ignore};
 
 use crate::key::Key;
 use crate::{Error, Record, Stats, Status, StoredResult};
@@ -69,16 +69,13 @@ const STATS: &str = "SELECT status, COUNT(*), COUNT(attention), MIN(updated_at) 
                      FROM dtx_idempotency WHERE scope = ? GROUP BY status";
 
 /// Deletes one bounded batch of a scope's finished records older than the cutoff.
-const PURGE: Sql = Sql {
-    postgres: "DELETE FROM dtx_idempotency WHERE ctid IN \
-               (SELECT ctid FROM dtx_idempotency WHERE scope = ? AND created_at < ? \
-               AND updated_at < ? AND status <> 'PROCESSING' LIMIT ?)",
-    mysql: "DELETE FROM dtx_idempotency WHERE scope = ? AND created_at < ? AND updated_at < ? \
-            AND status <> 'PROCESSING' ORDER BY created_at LIMIT ?",
-    sqlite: "DELETE FROM dtx_idempotency WHERE rowid IN \
-             (SELECT rowid FROM dtx_idempotency WHERE scope = ? AND created_at < ? \
-             AND updated_at < ? AND status <> 'PROCESSING' LIMIT ?)",
-};
+/// Finished records of one scope older than the cutoff (both timestamps), oldest first; the
+/// limit is the last placeholder.
+pub(crate) const PURGE: Sql = dtx_sql::delete_limit!(
+    from: "dtx_idempotency",
+    where: "scope = ? AND created_at < ? AND updated_at < ? AND status <> 'PROCESSING'",
+    order_by: "created_at"
+);
 
 /// Runs a statement aimed at one row; true if it matched it (MySQL reports matched rows).
 async fn one_row<'a, C: Conn>(
@@ -165,28 +162,30 @@ pub(crate) async fn finish<C: Conn>(
     result: &StoredResult,
     now: i64,
 ) -> Result<bool, Error> {
-    let (sql, token) = match by {
-        By::Owner(token) => (COMPLETE, token),
-        By::Person => (RESOLVE, ""),
-    };
-    let all = args![
-        status.as_str(),
-        &result.code,
-        &result.body,
-        // "No resource" is a NULL (dtx_sql binds it typed as text); `Some("")` stays ''.
-        result.resource_id.as_deref(),
-        now,
-        key.scope(),
-        key.idem_key(),
-        token
-    ];
-    // RESOLVE has no owner placeholder.
-    let used = if matches!(by, By::Person) {
-        &all[..7]
-    } else {
-        all
-    };
-    one_row(conn, sql, used).await
+    // "No resource" is a NULL (dtx_sql binds it typed as text); `Some("")` stays ''.
+    let resource = result.resource_id.as_deref();
+    let (code, body) = (&result.code, &result.body);
+    let (scope, idem_key) = (key.scope(), key.idem_key());
+    match by {
+        By::Owner(token) => {
+            let args = args![
+                status.as_str(),
+                code,
+                body,
+                resource,
+                now,
+                scope,
+                idem_key,
+                token
+            ];
+            one_row(conn, COMPLETE, args).await
+        }
+        // A person resolves a parked record: no owner to fence on.
+        By::Person => {
+            let args = args![status.as_str(), code, body, resource, now, scope, idem_key];
+            one_row(conn, RESOLVE, args).await
+        }
+    }
 }
 
 /// Moves `token`'s lease end to `lease_until`; false if the token lost the record.
@@ -284,29 +283,19 @@ pub(crate) async fn stats<C: Conn>(conn: &mut C, scope: &str) -> Result<Stats, E
     Ok(stats)
 }
 
-/// Deletes one batch; returns how many rows went.
-pub(crate) async fn purge_batch<DB: Backend>(
-    pool: &dtx_sql::sqlx::Pool<DB>,
-    scope: &str,
-    cutoff: i64,
-    batch: i64,
-) -> Result<u64, Error> {
-    let mut tx = DB::begin(pool).await?;
-    let deleted = DB::conn(&mut tx)
-        .execute(
-            PURGE.pick(<DB::Conn as Conn>::DIALECT),
-            args![scope, cutoff, cutoff, batch],
-        )
-        .await?;
-    tx.commit().await?;
-    Ok(deleted)
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-pub(crate) const SAVEPOINT: &str = "SAVEPOINT dtx_idempotency";
-pub(crate) const RELEASE_SAVEPOINT: &str = "RELEASE SAVEPOINT dtx_idempotency";
-pub(crate) const ROLLBACK_TO_SAVEPOINT: &str = "ROLLBACK TO SAVEPOINT dtx_idempotency";
-
-/// Runs one of the savepoint statements above.
-pub(crate) async fn savepoint<C: Conn>(conn: &mut C, statement: &'static str) -> Result<(), Error> {
-    Ok(conn.execute_raw(statement).await?)
+    /// Every status spelled in the records' SQL is one `Status` parses.
+    #[test]
+    fn every_literal_in_the_sql_is_a_status_spelling() {
+        let mut statements = vec![
+            READ, COMPLETE, RENEW, TOUCH, RECLAIM, PARK, RESOLVE, EXPIRED, STATS,
+        ];
+        for sql in [CLAIM, PURGE] {
+            statements.extend(sql.texts());
+        }
+        dtx_sql::assert_literals_known(&statements, &[Status::SPELLINGS]);
+    }
 }

@@ -6,7 +6,7 @@
 //! goes through and it runs the business itself. No business effect and no record can exist
 //! without each other.
 
-use dtx_sql::Backend;
+use dtx_sql::{Backend, Savepoint};
 use futures::future::BoxFuture;
 
 use crate::{
@@ -149,16 +149,14 @@ impl<DB: Backend> Idempotency<DB> {
                 token
             }
         };
-        sql::savepoint(conn, sql::SAVEPOINT).await?;
+        let savepoint = Savepoint::begin(conn, "dtx_idempotency").await?;
         let completion = business(conn).await.map_err(Error::Handler)?;
-        match completion {
-            Completion::Succeeded(_) | Completion::Unknown(_) => {
-                sql::savepoint(conn, sql::RELEASE_SAVEPOINT).await?
-            }
-            Completion::FailedFinal(_) | Completion::FailedRetryable(_) => {
-                sql::savepoint(conn, sql::ROLLBACK_TO_SAVEPOINT).await?
-            }
-        }
+        // A failure's business changes are undone; its record is still written below.
+        let keep = matches!(
+            completion,
+            Completion::Succeeded(_) | Completion::Unknown(_)
+        );
+        savepoint.end(conn, keep).await?;
         let now = self.now_ms();
         let still_owner = match completion.result() {
             Some(result) => {
