@@ -45,20 +45,6 @@ async fn ok<DB: TestBackend>(
     run(db, xid, branch, action, Behave::Ok, tag).await
 }
 
-/// One delivery that must fail with an error (not a barrier answer).
-async fn fail<DB: TestBackend>(
-    db: &TestDb<DB>,
-    xid: &str,
-    branch: &str,
-    action: Action,
-    behave: Behave,
-    tag: &str,
-) -> Error {
-    direct(&db.pool, xid, branch, action, behave, tag)
-        .await
-        .unwrap_err()
-}
-
 /// One behaving delivery that carries a request body.
 async fn call<DB: TestBackend>(
     db: &TestDb<DB>,
@@ -171,7 +157,9 @@ async fn handler_error_rolls_back_business_change_and_barrier_row<DB: TestBacken
     db: &'static TestDb<DB>,
 ) {
     setup(db).await;
-    let err = fail(db, "x1", "b1", Action::Try, Behave::Error, "boom").await;
+    let err = direct(&db.pool, "x1", "b1", Action::Try, Behave::Error, "boom")
+        .await
+        .unwrap_err();
     assert!(matches!(err, Error::Handler(_)), "{err}");
     assert_eq!(ledger::barrier_rows(&db.pool, "x1", "b1").await, 0);
     assert_eq!(ledger::effects(&db.pool, "x1", "b1", "try").await, 0);
@@ -183,7 +171,9 @@ async fn handler_error_rolls_back_business_change_and_barrier_row<DB: TestBacken
     assert_eq!(balance(db).await, (90, 10));
 
     // A failing Cancel also leaves nothing, so it runs on the next delivery.
-    fail(db, "x1", "b1", Action::Cancel, Behave::Error, "boom").await;
+    direct(&db.pool, "x1", "b1", Action::Cancel, Behave::Error, "boom")
+        .await
+        .unwrap_err();
     assert_eq!(balance(db).await, (90, 10));
     let cancel = ok(db, "x1", "b1", Action::Cancel, "k").await;
     assert_eq!(cancel.detail, Detail::Executed);
@@ -260,9 +250,13 @@ test_on_all_databases!(confirm_without_a_successful_try_is_refused, SCHEMAS);
 async fn ids_are_validated_before_touching_the_database<DB: TestBackend>(db: &'static TestDb<DB>) {
     setup(db).await;
     let long = "x".repeat(129);
-    let err = fail(db, &long, "b1", Action::Try, Behave::Ok, "t").await;
+    let err = direct(&db.pool, &long, "b1", Action::Try, Behave::Ok, "t")
+        .await
+        .unwrap_err();
     assert!(err.to_string().contains("limit of 128 bytes"), "{err}");
-    let err = fail(db, "x1", "bad id", Action::Try, Behave::Ok, "t").await;
+    let err = direct(&db.pool, "x1", "bad id", Action::Try, Behave::Ok, "t")
+        .await
+        .unwrap_err();
     assert!(err.to_string().contains("charset"), "{err}");
     assert_eq!(balance(db).await, (100, 0));
 }
