@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use dtx_proto::v1::TxStatus;
+use dtx_proto::v1::{Transaction, TxStatus};
 use dtx_sdk::barrier::Action;
 use dtx_tests::coordinator::Process;
 use dtx_tests::db::{TestBackend, TestDb};
@@ -12,6 +12,23 @@ use dtx_tests::test_on_all_databases;
 use dtx_tests::world::{SCHEMAS, START, alice_with_a_slow_step, debit_alice};
 
 const BIN: &str = env!("CARGO_BIN_EXE_test-coordinator");
+
+/// A fresh coordinator process (with `flags`) on the same database, and the saga `xid` as it
+/// ends there.
+async fn finish_in_a_new_process<DB: TestBackend>(
+    db: &'static TestDb<DB>,
+    flags: &[&str],
+    xid: &str,
+) -> (Process, Transaction) {
+    let second = Process::start(BIN, &db.url, flags).await;
+    let done = second
+        .client()
+        .await
+        .wait(xid, Duration::from_secs(20))
+        .await
+        .unwrap();
+    (second, done)
+}
 
 /// Runs a 4-step saga whose step s3 hangs in the network, kills the coordinator while it does,
 /// and lets a fresh process finish. `refuse_last` makes s4 refuse, so the saga compensates.
@@ -40,13 +57,7 @@ where
     assert_eq!(ledger::effects(&db.pool, xid, "s1", "action").await, 1);
     assert_eq!(ledger::effects(&db.pool, xid, "s4", "action").await, 0);
 
-    let second = Process::start(BIN, &db.url, &[]).await;
-    let done = second
-        .client()
-        .await
-        .wait(xid, Duration::from_secs(20))
-        .await
-        .unwrap();
+    let (second, done) = finish_in_a_new_process(db, &[], xid).await;
     // The late s3 delivery lands too; give it time, then check nothing happened twice.
     tokio::time::sleep(Duration::from_millis(1600)).await;
     let expected = if refuse_last {
@@ -120,13 +131,7 @@ where
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
     first.kill().await;
-    let second = Process::start(BIN, &db.url, &lease).await;
-    let done = second
-        .client()
-        .await
-        .wait(xid, Duration::from_secs(20))
-        .await
-        .unwrap();
+    let (second, done) = finish_in_a_new_process(db, &lease, xid).await;
     assert_eq!(done.status(), TxStatus::Compensated, "{done:?}");
     assert_eq!(ledger::effects(&db.pool, xid, "s1", "action").await, 1);
     assert_eq!(
