@@ -2,7 +2,10 @@
 //! participant's barrier and the ledger), the bank participant on a real gRPC port, and an
 //! in-process coordinator on the same database.
 
-use dtx_sdk::client::Coordinator;
+use std::time::Duration;
+
+use dtx_sdk::barrier::Action;
+use dtx_sdk::client::{Coordinator, SagaStep};
 use dtx_sql::Schema;
 use tonic::transport::Server;
 
@@ -10,7 +13,7 @@ use crate::coordinator::InProcess;
 use crate::db::{TestBackend, TestDb};
 use crate::ledger;
 use crate::net::{RunningServer, serve};
-use crate::participant::{Bank, Faults};
+use crate::participant::{Bank, Fault, Faults, payload};
 
 /// Every schema an end-to-end test needs.
 pub const SCHEMAS: &[Schema] = &[Schema::Coordinator, Schema::Barrier];
@@ -63,4 +66,30 @@ where
     pub async fn effects(&self, xid: &str, branch: &str, kind: &str) -> i64 {
         ledger::effects(&self.db.pool, xid, branch, kind).await
     }
+}
+
+/// Alice's account (at [`START`]) and the bank on a real gRPC port, with `branch`'s saga action
+/// delayed by `delay` in the network: for tests that act while that step is in flight.
+pub async fn alice_with_a_slow_step<DB: TestBackend>(
+    db: &'static TestDb<DB>,
+    branch: &str,
+    delay: Duration,
+) -> (Faults, RunningServer)
+where
+    DB::Conn: 'static,
+{
+    ledger::create_tables(&db.pool).await;
+    ledger::open_account(&db.pool, "alice", START).await;
+    let faults = Faults::default();
+    faults.push(branch, Action::Action, [Fault::Delay(delay)]);
+    let bank = serve(
+        Server::builder().add_service(Bank::new(db.pool.clone(), faults.clone()).into_service()),
+    )
+    .await;
+    (faults, bank)
+}
+
+/// A saga step `name` debiting `amount` from alice at the bank `url`.
+pub fn debit_alice(name: &str, url: impl Into<String>, amount: i64) -> SagaStep {
+    SagaStep::new(name, url, "debit").payload(payload("alice", amount))
 }

@@ -6,7 +6,7 @@
 //! its Compensate returns it.
 
 use dtx_sdk::Error;
-use dtx_sdk::barrier::{Action, Detail, Reply};
+use dtx_sdk::barrier::{Action, Answer, Detail, Reply};
 use dtx_sql::{Dialect, Schema};
 use dtx_tests::barrier;
 use dtx_tests::db::{TestBackend, TestDb};
@@ -20,6 +20,50 @@ async fn setup<DB: TestBackend>(db: &TestDb<DB>) {
     ledger::open_account(&db.pool, "acct", 100).await;
 }
 
+/// One delivery through the barrier with the given behaviour; the call itself must succeed.
+async fn run<DB: TestBackend>(
+    db: &TestDb<DB>,
+    xid: &str,
+    branch: &str,
+    action: Action,
+    behave: Behave,
+    tag: &str,
+) -> Answer {
+    direct(&db.pool, xid, branch, action, behave, tag)
+        .await
+        .unwrap()
+}
+
+/// One delivery whose handler behaves; the call itself must succeed.
+async fn ok<DB: TestBackend>(
+    db: &TestDb<DB>,
+    xid: &str,
+    branch: &str,
+    action: Action,
+    tag: &str,
+) -> Answer {
+    run(db, xid, branch, action, Behave::Ok, tag).await
+}
+
+/// One behaving delivery that carries a request body.
+async fn call<DB: TestBackend>(
+    db: &TestDb<DB>,
+    xid: &str,
+    branch: &str,
+    action: Action,
+    tag: &str,
+    request: Option<&[u8]>,
+) -> Answer {
+    barrier::call(&db.pool, xid, branch, action, Behave::Ok, tag, request)
+        .await
+        .unwrap()
+}
+
+/// The account's (balance, held).
+async fn balance<DB: TestBackend>(db: &TestDb<DB>) -> (i64, i64) {
+    ledger::account(&db.pool, "acct").await
+}
+
 fn text(reply: &Reply) -> String {
     match reply {
         Reply::Success(r) | Reply::Failure(r) => String::from_utf8_lossy(r).into_owned(),
@@ -28,31 +72,23 @@ fn text(reply: &Reply) -> String {
 
 async fn duplicate_try_returns_the_stored_first_result<DB: TestBackend>(db: &'static TestDb<DB>) {
     setup(db).await;
-    let first = direct(&db.pool, "x1", "b1", Action::Try, Behave::Ok, "first")
-        .await
-        .unwrap();
+    let first = ok(db, "x1", "b1", Action::Try, "first").await;
     assert_eq!(first.detail, Detail::Executed);
     assert_eq!(text(&first.reply), "try:first");
     // The repeat would produce "try:second" if its handler ran; it must not run.
-    let again = direct(&db.pool, "x1", "b1", Action::Try, Behave::Ok, "second")
-        .await
-        .unwrap();
+    let again = ok(db, "x1", "b1", Action::Try, "second").await;
     assert_eq!(again.detail, Detail::Duplicate);
     assert_eq!(again.reply, Reply::Success(b"try:first".to_vec()));
     assert_eq!(ledger::effects(&db.pool, "x1", "b1", "try").await, 1);
-    assert_eq!(ledger::account(&db.pool, "acct").await, (90, 10));
+    assert_eq!(balance(db).await, (90, 10));
 }
 test_on_all_databases!(duplicate_try_returns_the_stored_first_result, SCHEMAS);
 
 async fn duplicate_confirm_and_cancel_have_no_effect<DB: TestBackend>(db: &'static TestDb<DB>) {
     setup(db).await;
-    direct(&db.pool, "x1", "b1", Action::Try, Behave::Ok, "t")
-        .await
-        .unwrap();
+    ok(db, "x1", "b1", Action::Try, "t").await;
     for i in 0..3 {
-        let answer = direct(&db.pool, "x1", "b1", Action::Confirm, Behave::Ok, "c")
-            .await
-            .unwrap();
+        let answer = ok(db, "x1", "b1", Action::Confirm, "c").await;
         assert!(answer.is_success());
         let expected = if i == 0 {
             Detail::Executed
@@ -62,31 +98,23 @@ async fn duplicate_confirm_and_cancel_have_no_effect<DB: TestBackend>(db: &'stat
         assert_eq!(answer.detail, expected);
     }
     assert_eq!(ledger::effects(&db.pool, "x1", "b1", "confirm").await, 1);
-    assert_eq!(ledger::account(&db.pool, "acct").await, (90, 0));
+    assert_eq!(balance(db).await, (90, 0));
 
-    direct(&db.pool, "x2", "b1", Action::Try, Behave::Ok, "t")
-        .await
-        .unwrap();
+    ok(db, "x2", "b1", Action::Try, "t").await;
     for _ in 0..3 {
-        let answer = direct(&db.pool, "x2", "b1", Action::Cancel, Behave::Ok, "k")
-            .await
-            .unwrap();
+        let answer = ok(db, "x2", "b1", Action::Cancel, "k").await;
         assert!(answer.is_success());
     }
     assert_eq!(ledger::effects(&db.pool, "x2", "b1", "cancel").await, 1);
-    assert_eq!(ledger::account(&db.pool, "acct").await, (90, 0));
+    assert_eq!(balance(db).await, (90, 0));
 
-    direct(&db.pool, "x3", "s1", Action::Action, Behave::Ok, "a")
-        .await
-        .unwrap();
+    ok(db, "x3", "s1", Action::Action, "a").await;
     for _ in 0..3 {
-        let answer = direct(&db.pool, "x3", "s1", Action::Compensate, Behave::Ok, "c")
-            .await
-            .unwrap();
+        let answer = ok(db, "x3", "s1", Action::Compensate, "c").await;
         assert!(answer.is_success());
     }
     assert_eq!(ledger::effects(&db.pool, "x3", "s1", "compensate").await, 1);
-    assert_eq!(ledger::account(&db.pool, "acct").await, (90, 0));
+    assert_eq!(balance(db).await, (90, 0));
 }
 test_on_all_databases!(duplicate_confirm_and_cancel_have_no_effect, SCHEMAS);
 
@@ -94,9 +122,7 @@ async fn cancel_before_try_is_an_empty_rollback_and_blocks_the_late_try<DB: Test
     db: &'static TestDb<DB>,
 ) {
     setup(db).await;
-    let cancel = direct(&db.pool, "x1", "b1", Action::Cancel, Behave::Ok, "k")
-        .await
-        .unwrap();
+    let cancel = ok(db, "x1", "b1", Action::Cancel, "k").await;
     assert_eq!(cancel.detail, Detail::EmptyRollback);
     assert!(cancel.is_success());
     assert_eq!(
@@ -105,30 +131,22 @@ async fn cancel_before_try_is_an_empty_rollback_and_blocks_the_late_try<DB: Test
         "nothing to undo"
     );
 
-    let late_try = direct(&db.pool, "x1", "b1", Action::Try, Behave::Ok, "t")
-        .await
-        .unwrap();
+    let late_try = ok(db, "x1", "b1", Action::Try, "t").await;
     assert_eq!(late_try.detail, Detail::Suspended);
     assert!(matches!(late_try.reply, Reply::Failure(_)));
     assert_eq!(ledger::effects(&db.pool, "x1", "b1", "try").await, 0);
 
-    let again = direct(&db.pool, "x1", "b1", Action::Cancel, Behave::Ok, "k")
-        .await
-        .unwrap();
+    let again = ok(db, "x1", "b1", Action::Cancel, "k").await;
     assert_eq!(again.detail, Detail::Duplicate);
-    assert_eq!(ledger::account(&db.pool, "acct").await, (100, 0));
+    assert_eq!(balance(db).await, (100, 0));
 
     // The same for a saga step.
-    let comp = direct(&db.pool, "x2", "s1", Action::Compensate, Behave::Ok, "c")
-        .await
-        .unwrap();
+    let comp = ok(db, "x2", "s1", Action::Compensate, "c").await;
     assert_eq!(comp.detail, Detail::EmptyRollback);
-    let late = direct(&db.pool, "x2", "s1", Action::Action, Behave::Ok, "a")
-        .await
-        .unwrap();
+    let late = ok(db, "x2", "s1", Action::Action, "a").await;
     assert_eq!(late.detail, Detail::Suspended);
     assert_eq!(ledger::effects(&db.pool, "x2", "s1", "action").await, 0);
-    assert_eq!(ledger::account(&db.pool, "acct").await, (100, 0));
+    assert_eq!(balance(db).await, (100, 0));
 }
 test_on_all_databases!(
     cancel_before_try_is_an_empty_rollback_and_blocks_the_late_try,
@@ -145,25 +163,21 @@ async fn handler_error_rolls_back_business_change_and_barrier_row<DB: TestBacken
     assert!(matches!(err, Error::Handler(_)), "{err}");
     assert_eq!(ledger::barrier_rows(&db.pool, "x1", "b1").await, 0);
     assert_eq!(ledger::effects(&db.pool, "x1", "b1", "try").await, 0);
-    assert_eq!(ledger::account(&db.pool, "acct").await, (100, 0));
+    assert_eq!(balance(db).await, (100, 0));
 
     // The retry runs again.
-    let retry = direct(&db.pool, "x1", "b1", Action::Try, Behave::Ok, "retry")
-        .await
-        .unwrap();
+    let retry = ok(db, "x1", "b1", Action::Try, "retry").await;
     assert_eq!(retry.detail, Detail::Executed);
-    assert_eq!(ledger::account(&db.pool, "acct").await, (90, 10));
+    assert_eq!(balance(db).await, (90, 10));
 
     // A failing Cancel also leaves nothing, so it runs on the next delivery.
     direct(&db.pool, "x1", "b1", Action::Cancel, Behave::Error, "boom")
         .await
         .unwrap_err();
-    assert_eq!(ledger::account(&db.pool, "acct").await, (90, 10));
-    let cancel = direct(&db.pool, "x1", "b1", Action::Cancel, Behave::Ok, "k")
-        .await
-        .unwrap();
+    assert_eq!(balance(db).await, (90, 10));
+    let cancel = ok(db, "x1", "b1", Action::Cancel, "k").await;
     assert_eq!(cancel.detail, Detail::Executed);
-    assert_eq!(ledger::account(&db.pool, "acct").await, (100, 0));
+    assert_eq!(balance(db).await, (100, 0));
 }
 test_on_all_databases!(
     handler_error_rolls_back_business_change_and_barrier_row,
@@ -174,26 +188,20 @@ async fn refused_try_is_replayed_and_its_cancel_has_nothing_to_undo<DB: TestBack
     db: &'static TestDb<DB>,
 ) {
     setup(db).await;
-    let refused = direct(&db.pool, "x1", "b1", Action::Try, Behave::Refuse, "no")
-        .await
-        .unwrap();
+    let refused = run(db, "x1", "b1", Action::Try, Behave::Refuse, "no").await;
     assert_eq!(refused.detail, Detail::Executed);
     assert_eq!(refused.reply, Reply::Failure(b"refused:no".to_vec()));
     // The handler's change before refusing was undone.
-    assert_eq!(ledger::account(&db.pool, "acct").await, (100, 0));
+    assert_eq!(balance(db).await, (100, 0));
     assert_eq!(ledger::effects(&db.pool, "x1", "b1", "try").await, 0);
 
-    let again = direct(&db.pool, "x1", "b1", Action::Try, Behave::Ok, "yes")
-        .await
-        .unwrap();
+    let again = ok(db, "x1", "b1", Action::Try, "yes").await;
     assert_eq!(again.detail, Detail::Duplicate);
     assert_eq!(again.reply, Reply::Failure(b"refused:no".to_vec()));
 
-    let cancel = direct(&db.pool, "x1", "b1", Action::Cancel, Behave::Ok, "k")
-        .await
-        .unwrap();
+    let cancel = ok(db, "x1", "b1", Action::Cancel, "k").await;
     assert_eq!(cancel.detail, Detail::NothingToUndo);
-    assert_eq!(ledger::account(&db.pool, "acct").await, (100, 0));
+    assert_eq!(balance(db).await, (100, 0));
     assert_eq!(ledger::effects(&db.pool, "x1", "b1", "cancel").await, 0);
 }
 test_on_all_databases!(
@@ -205,32 +213,24 @@ async fn refused_cancel_keeps_nothing_so_it_can_run_again<DB: TestBackend>(
     db: &'static TestDb<DB>,
 ) {
     setup(db).await;
-    direct(&db.pool, "x1", "b1", Action::Try, Behave::Ok, "t")
-        .await
-        .unwrap();
-    let refused = direct(&db.pool, "x1", "b1", Action::Cancel, Behave::Refuse, "no")
-        .await
-        .unwrap();
+    ok(db, "x1", "b1", Action::Try, "t").await;
+    let refused = run(db, "x1", "b1", Action::Cancel, Behave::Refuse, "no").await;
     assert!(matches!(refused.reply, Reply::Failure(_)));
-    assert_eq!(ledger::account(&db.pool, "acct").await, (90, 10));
+    assert_eq!(balance(db).await, (90, 10));
     assert_eq!(
         ledger::barrier_rows(&db.pool, "x1", "b1").await,
         1,
         "only the try row"
     );
-    let cancel = direct(&db.pool, "x1", "b1", Action::Cancel, Behave::Ok, "k")
-        .await
-        .unwrap();
+    let cancel = ok(db, "x1", "b1", Action::Cancel, "k").await;
     assert_eq!(cancel.detail, Detail::Executed);
-    assert_eq!(ledger::account(&db.pool, "acct").await, (100, 0));
+    assert_eq!(balance(db).await, (100, 0));
 }
 test_on_all_databases!(refused_cancel_keeps_nothing_so_it_can_run_again, SCHEMAS);
 
 async fn confirm_without_a_successful_try_is_refused<DB: TestBackend>(db: &'static TestDb<DB>) {
     setup(db).await;
-    let confirm = direct(&db.pool, "x1", "b1", Action::Confirm, Behave::Ok, "c")
-        .await
-        .unwrap();
+    let confirm = ok(db, "x1", "b1", Action::Confirm, "c").await;
     assert_eq!(confirm.detail, Detail::OutOfOrder);
     assert!(
         text(&confirm.reply).contains("never ran"),
@@ -239,15 +239,11 @@ async fn confirm_without_a_successful_try_is_refused<DB: TestBackend>(db: &'stat
     );
     assert_eq!(ledger::barrier_rows(&db.pool, "x1", "b1").await, 0);
 
-    direct(&db.pool, "x2", "b1", Action::Try, Behave::Refuse, "no")
-        .await
-        .unwrap();
-    let confirm = direct(&db.pool, "x2", "b1", Action::Confirm, Behave::Ok, "c")
-        .await
-        .unwrap();
+    run(db, "x2", "b1", Action::Try, Behave::Refuse, "no").await;
+    let confirm = ok(db, "x2", "b1", Action::Confirm, "c").await;
     assert_eq!(confirm.detail, Detail::OutOfOrder);
     assert_eq!(ledger::effects(&db.pool, "x2", "b1", "confirm").await, 0);
-    assert_eq!(ledger::account(&db.pool, "acct").await, (100, 0));
+    assert_eq!(balance(db).await, (100, 0));
 }
 test_on_all_databases!(confirm_without_a_successful_try_is_refused, SCHEMAS);
 
@@ -262,28 +258,24 @@ async fn ids_are_validated_before_touching_the_database<DB: TestBackend>(db: &'s
         .await
         .unwrap_err();
     assert!(err.to_string().contains("charset"), "{err}");
-    assert_eq!(ledger::account(&db.pool, "acct").await, (100, 0));
+    assert_eq!(balance(db).await, (100, 0));
 }
 test_on_all_databases!(ids_are_validated_before_touching_the_database, SCHEMAS);
 
 async fn ids_are_case_sensitive<DB: TestBackend>(db: &'static TestDb<DB>) {
     setup(db).await;
-    direct(&db.pool, "X1", "b1", Action::Try, Behave::Ok, "upper")
-        .await
-        .unwrap();
-    let lower = direct(&db.pool, "x1", "b1", Action::Try, Behave::Ok, "lower")
-        .await
-        .unwrap();
+    ok(db, "X1", "b1", Action::Try, "upper").await;
+    let lower = ok(db, "x1", "b1", Action::Try, "lower").await;
     assert_eq!(
         lower.detail,
         Detail::Executed,
         "x1 and X1 are different transactions"
     );
-    assert_eq!(ledger::account(&db.pool, "acct").await, (80, 20));
+    assert_eq!(balance(db).await, (80, 20));
 }
 test_on_all_databases!(ids_are_case_sensitive, SCHEMAS);
 
-fn conflict(answer: &dtx_sdk::barrier::Answer, needle: &str) {
+fn conflict(answer: &Answer, needle: &str) {
     assert_eq!(answer.detail, Detail::Conflict, "{answer:?}");
     assert!(matches!(answer.reply, Reply::Failure(_)), "{answer:?}");
     assert!(
@@ -297,42 +289,30 @@ async fn cancel_after_confirm_is_a_conflict_and_runs_nothing<DB: TestBackend>(
     db: &'static TestDb<DB>,
 ) {
     setup(db).await;
-    direct(&db.pool, "x1", "b1", Action::Try, Behave::Ok, "t")
-        .await
-        .unwrap();
-    direct(&db.pool, "x1", "b1", Action::Confirm, Behave::Ok, "c")
-        .await
-        .unwrap();
+    ok(db, "x1", "b1", Action::Try, "t").await;
+    ok(db, "x1", "b1", Action::Confirm, "c").await;
     for _ in 0..2 {
-        let cancel = direct(&db.pool, "x1", "b1", Action::Cancel, Behave::Ok, "k")
-            .await
-            .unwrap();
+        let cancel = ok(db, "x1", "b1", Action::Cancel, "k").await;
         conflict(
             &cancel,
             "cancel refused: branch x1/b1 was already confirmed",
         );
     }
     // Repeats of the op that ran stay quiet successes, before and after a conflict.
-    let again = direct(&db.pool, "x1", "b1", Action::Confirm, Behave::Ok, "c")
-        .await
-        .unwrap();
+    let again = ok(db, "x1", "b1", Action::Confirm, "c").await;
     assert_eq!(
         (again.is_success(), again.detail),
         (true, Detail::Duplicate)
     );
     assert_eq!(ledger::effects(&db.pool, "x1", "b1", "cancel").await, 0);
     assert_eq!(ledger::effects(&db.pool, "x1", "b1", "confirm").await, 1);
-    assert_eq!(ledger::account(&db.pool, "acct").await, (90, 0));
+    assert_eq!(balance(db).await, (90, 0));
 
     // A saga's compensation after its action is the normal path, not a conflict.
-    direct(&db.pool, "x2", "s1", Action::Action, Behave::Ok, "a")
-        .await
-        .unwrap();
-    let comp = direct(&db.pool, "x2", "s1", Action::Compensate, Behave::Ok, "c")
-        .await
-        .unwrap();
+    ok(db, "x2", "s1", Action::Action, "a").await;
+    let comp = ok(db, "x2", "s1", Action::Compensate, "c").await;
     assert_eq!((comp.is_success(), comp.detail), (true, Detail::Executed));
-    assert_eq!(ledger::account(&db.pool, "acct").await, (90, 0));
+    assert_eq!(balance(db).await, (90, 0));
 }
 test_on_all_databases!(cancel_after_confirm_is_a_conflict_and_runs_nothing, SCHEMAS);
 
@@ -340,62 +320,44 @@ async fn confirm_after_cancel_is_a_conflict_and_runs_nothing<DB: TestBackend>(
     db: &'static TestDb<DB>,
 ) {
     setup(db).await;
-    direct(&db.pool, "x1", "b1", Action::Try, Behave::Ok, "t")
-        .await
-        .unwrap();
-    direct(&db.pool, "x1", "b1", Action::Cancel, Behave::Ok, "k")
-        .await
-        .unwrap();
-    let confirm = direct(&db.pool, "x1", "b1", Action::Confirm, Behave::Ok, "c")
-        .await
-        .unwrap();
+    ok(db, "x1", "b1", Action::Try, "t").await;
+    ok(db, "x1", "b1", Action::Cancel, "k").await;
+    let confirm = ok(db, "x1", "b1", Action::Confirm, "c").await;
     conflict(
         &confirm,
         "confirm refused: branch x1/b1 was already cancelled",
     );
-    let again = direct(&db.pool, "x1", "b1", Action::Cancel, Behave::Ok, "k")
-        .await
-        .unwrap();
+    let again = ok(db, "x1", "b1", Action::Cancel, "k").await;
     assert_eq!(
         (again.is_success(), again.detail),
         (true, Detail::Duplicate)
     );
     assert_eq!(ledger::effects(&db.pool, "x1", "b1", "confirm").await, 0);
     assert_eq!(ledger::effects(&db.pool, "x1", "b1", "cancel").await, 1);
-    assert_eq!(ledger::account(&db.pool, "acct").await, (100, 0));
+    assert_eq!(balance(db).await, (100, 0));
 }
 test_on_all_databases!(confirm_after_cancel_is_a_conflict_and_runs_nothing, SCHEMAS);
 
 async fn confirm_after_an_empty_rollback_is_a_conflict<DB: TestBackend>(db: &'static TestDb<DB>) {
     setup(db).await;
-    let empty = direct(&db.pool, "x1", "b1", Action::Cancel, Behave::Ok, "k")
-        .await
-        .unwrap();
+    let empty = ok(db, "x1", "b1", Action::Cancel, "k").await;
     assert_eq!(empty.detail, Detail::EmptyRollback);
-    let confirm = direct(&db.pool, "x1", "b1", Action::Confirm, Behave::Ok, "c")
-        .await
-        .unwrap();
+    let confirm = ok(db, "x1", "b1", Action::Confirm, "c").await;
     conflict(
         &confirm,
         "confirm refused: branch x1/b1 was already cancelled",
     );
     // The same after a Cancel of a refused Try (nothing to undo, but decided).
-    direct(&db.pool, "x2", "b1", Action::Try, Behave::Refuse, "no")
-        .await
-        .unwrap();
-    direct(&db.pool, "x2", "b1", Action::Cancel, Behave::Ok, "k")
-        .await
-        .unwrap();
-    let confirm = direct(&db.pool, "x2", "b1", Action::Confirm, Behave::Ok, "c")
-        .await
-        .unwrap();
+    run(db, "x2", "b1", Action::Try, Behave::Refuse, "no").await;
+    ok(db, "x2", "b1", Action::Cancel, "k").await;
+    let confirm = ok(db, "x2", "b1", Action::Confirm, "c").await;
     conflict(
         &confirm,
         "confirm refused: branch x2/b1 was already cancelled",
     );
     assert_eq!(ledger::effects(&db.pool, "x1", "b1", "confirm").await, 0);
     assert_eq!(ledger::effects(&db.pool, "x2", "b1", "confirm").await, 0);
-    assert_eq!(ledger::account(&db.pool, "acct").await, (100, 0));
+    assert_eq!(balance(db).await, (100, 0));
 }
 test_on_all_databases!(confirm_after_an_empty_rollback_is_a_conflict, SCHEMAS);
 
@@ -404,20 +366,14 @@ async fn a_try_repeated_with_another_request_is_a_conflict<DB: TestBackend>(
 ) {
     setup(db).await;
     for (xid, branch, action) in [("x1", "b1", Action::Try), ("x2", "s1", Action::Action)] {
-        let first = barrier::call(&db.pool, xid, branch, action, Behave::Ok, "1", Some(b"a"))
-            .await
-            .unwrap();
+        let first = call(db, xid, branch, action, "1", Some(b"a")).await;
         assert_eq!(first.detail, Detail::Executed);
-        let other = barrier::call(&db.pool, xid, branch, action, Behave::Ok, "2", Some(b"b"))
-            .await
-            .unwrap();
+        let other = call(db, xid, branch, action, "2", Some(b"b")).await;
         conflict(
             &other,
             &format!("{action} refused: branch {xid}/{branch} was tried with a different request"),
         );
-        let same = barrier::call(&db.pool, xid, branch, action, Behave::Ok, "3", Some(b"a"))
-            .await
-            .unwrap();
+        let same = call(db, xid, branch, action, "3", Some(b"a")).await;
         assert_eq!(same.detail, Detail::Duplicate);
         assert_eq!(
             same.reply,
@@ -428,7 +384,7 @@ async fn a_try_repeated_with_another_request_is_a_conflict<DB: TestBackend>(
             1
         );
     }
-    assert_eq!(ledger::account(&db.pool, "acct").await, (80, 10));
+    assert_eq!(balance(db).await, (80, 10));
 }
 test_on_all_databases!(a_try_repeated_with_another_request_is_a_conflict, SCHEMAS);
 
@@ -459,53 +415,27 @@ async fn rows_from_before_the_migration_are_accepted_and_stay_decided<DB: TestBa
     .unwrap();
     DB::migrate(&db.pool, Schema::Barrier).await.unwrap();
 
-    let repeat = barrier::call(
-        &db.pool,
-        "x1",
-        "b1",
-        Action::Try,
-        Behave::Ok,
-        "r",
-        Some(b"any"),
-    )
-    .await
-    .unwrap();
+    let repeat = call(db, "x1", "b1", Action::Try, "r", Some(b"any")).await;
     assert_eq!(
         (repeat.is_success(), repeat.detail),
         (true, Detail::Duplicate)
     );
-    let cancel = direct(&db.pool, "x2", "b1", Action::Cancel, Behave::Ok, "k")
-        .await
-        .unwrap();
+    let cancel = ok(db, "x2", "b1", Action::Cancel, "k").await;
     conflict(
         &cancel,
         "cancel refused: branch x2/b1 was already confirmed",
     );
-    let confirm = direct(&db.pool, "x3", "b1", Action::Confirm, Behave::Ok, "c")
-        .await
-        .unwrap();
+    let confirm = ok(db, "x3", "b1", Action::Confirm, "c").await;
     conflict(
         &confirm,
         "confirm refused: branch x3/b1 was already cancelled",
     );
 
     // A row written without a request (hash NULL) by today's barrier is accepted the same way.
-    direct(&db.pool, "x4", "b1", Action::Try, Behave::Ok, "t")
-        .await
-        .unwrap();
-    let repeat = barrier::call(
-        &db.pool,
-        "x4",
-        "b1",
-        Action::Try,
-        Behave::Ok,
-        "r",
-        Some(b"b"),
-    )
-    .await
-    .unwrap();
+    ok(db, "x4", "b1", Action::Try, "t").await;
+    let repeat = call(db, "x4", "b1", Action::Try, "r", Some(b"b")).await;
     assert_eq!(repeat.detail, Detail::Duplicate);
-    assert_eq!(ledger::account(&db.pool, "acct").await, (90, 10));
+    assert_eq!(balance(db).await, (90, 10));
 }
 test_on_all_databases!(
     rows_from_before_the_migration_are_accepted_and_stay_decided,

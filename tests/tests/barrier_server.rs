@@ -3,7 +3,7 @@
 //! and the error codes for malformed calls (with nothing written).
 
 use dtx_proto::v1::participant_client::ParticipantClient;
-use dtx_proto::v1::{BranchAction, BranchRequest, Outcome, OutcomeDetail};
+use dtx_proto::v1::{BranchAction, BranchRequest, BranchResponse, Outcome, OutcomeDetail};
 use dtx_sql::Schema;
 use dtx_tests::db::{TestBackend, TestDb};
 use dtx_tests::net::serve;
@@ -25,6 +25,11 @@ fn request(xid: &str, branch: &str, action: i32, handler: &str) -> BranchRequest
     }
 }
 
+/// One delivery over gRPC; the call must be answered (not a gRPC error).
+async fn answer(client: &mut ParticipantClient<Channel>, req: BranchRequest) -> BranchResponse {
+    client.branch(req).await.unwrap().into_inner()
+}
+
 async fn participant_over_grpc<DB: TestBackend>(db: &'static TestDb<DB>)
 where
     DB::Conn: 'static,
@@ -43,20 +48,12 @@ where
     let try_ = BranchAction::Try as i32;
 
     // Try, then its repeat: same bytes, one effect.
-    let first = client
-        .branch(request("x1", "b1", try_, "transfer"))
-        .await
-        .unwrap()
-        .into_inner();
+    let first = answer(&mut client, request("x1", "b1", try_, "transfer")).await;
     assert_eq!(
         (first.outcome(), first.detail()),
         (Outcome::Success, OutcomeDetail::Executed)
     );
-    let again = client
-        .branch(request("x1", "b1", try_, "transfer"))
-        .await
-        .unwrap()
-        .into_inner();
+    let again = answer(&mut client, request("x1", "b1", try_, "transfer")).await;
     assert_eq!(
         (again.outcome(), again.detail()),
         (Outcome::Success, OutcomeDetail::Duplicate)
@@ -65,35 +62,26 @@ where
 
     // Confirm twice: one effect.
     for detail in [OutcomeDetail::Executed, OutcomeDetail::Duplicate] {
-        let c = client
-            .branch(request(
-                "x1",
-                "b1",
-                BranchAction::Confirm as i32,
-                "transfer",
-            ))
-            .await
-            .unwrap()
-            .into_inner();
+        let c = answer(
+            &mut client,
+            request("x1", "b1", BranchAction::Confirm as i32, "transfer"),
+        )
+        .await;
         assert_eq!((c.outcome(), c.detail()), (Outcome::Success, detail));
     }
     assert_eq!(ledger::account(&db.pool, "acct").await, (90, 0));
 
     // Cancel before Try: empty rollback on the wire; the late Try is FAILURE/SUSPENDED.
-    let cancel = client
-        .branch(request("x2", "b1", BranchAction::Cancel as i32, "transfer"))
-        .await
-        .unwrap()
-        .into_inner();
+    let cancel = answer(
+        &mut client,
+        request("x2", "b1", BranchAction::Cancel as i32, "transfer"),
+    )
+    .await;
     assert_eq!(
         (cancel.outcome(), cancel.detail()),
         (Outcome::Success, OutcomeDetail::EmptyRollback)
     );
-    let late = client
-        .branch(request("x2", "b1", try_, "transfer"))
-        .await
-        .unwrap()
-        .into_inner();
+    let late = answer(&mut client, request("x2", "b1", try_, "transfer")).await;
     assert_eq!(
         (late.outcome(), late.detail()),
         (Outcome::Failure, OutcomeDetail::Suspended)
@@ -121,11 +109,11 @@ where
         dtx_sdk::barrier::Action::Action,
         [Fault::HandlerError],
     );
-    let retry = client
-        .branch(request("x4", "b1", BranchAction::Action as i32, "debit"))
-        .await
-        .unwrap()
-        .into_inner();
+    let retry = answer(
+        &mut client,
+        request("x4", "b1", BranchAction::Action as i32, "debit"),
+    )
+    .await;
     assert_eq!(retry.outcome(), Outcome::Retry);
     assert!(
         retry.message.contains("injected handler error"),
@@ -133,11 +121,11 @@ where
         retry.message
     );
     assert_eq!(ledger::barrier_rows(&db.pool, "x4", "b1").await, 0);
-    let ran = client
-        .branch(request("x4", "b1", BranchAction::Action as i32, "debit"))
-        .await
-        .unwrap()
-        .into_inner();
+    let ran = answer(
+        &mut client,
+        request("x4", "b1", BranchAction::Action as i32, "debit"),
+    )
+    .await;
     assert_eq!(
         (ran.outcome(), ran.detail()),
         (Outcome::Success, OutcomeDetail::Executed)

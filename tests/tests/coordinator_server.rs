@@ -7,16 +7,13 @@ use std::time::{Duration, Instant};
 
 use dtx_proto::v1::TxStatus;
 use dtx_sdk::barrier::Action;
-use dtx_sdk::client::SagaStep;
 use dtx_sql::{Schema, sqlx};
 use dtx_tests::coordinator::{InProcess, Process};
 use dtx_tests::db::{TestDb, with_db};
 use dtx_tests::ledger;
-use dtx_tests::net::serve;
-use dtx_tests::participant::{Bank, Fault, Faults, payload};
-use dtx_tests::world::{SCHEMAS, START};
+use dtx_tests::world::{SCHEMAS, alice_with_a_slow_step, debit_alice};
 use futures::StreamExt;
-use tonic::transport::{Channel, Server};
+use tonic::transport::Channel;
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
@@ -113,27 +110,15 @@ async fn health_and_reflection_answer() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sigterm_hands_transactions_over_at_once() {
     with_db::<sqlx::Postgres, _, _>(SCHEMAS, |db: &'static TestDb<sqlx::Postgres>| async move {
-        ledger::create_tables(&db.pool).await;
-        ledger::open_account(&db.pool, "alice", START).await;
-        let faults = Faults::default();
-        faults.push(
-            "s1",
-            Action::Action,
-            [Fault::Delay(Duration::from_millis(300))],
-        );
-        let bank = serve(
-            Server::builder()
-                .add_service(Bank::new(db.pool.clone(), faults.clone()).into_service()),
-        )
-        .await;
+        let (faults, bank) = alice_with_a_slow_step(db, "s1", Duration::from_millis(300)).await;
         let long_lease = ["--lease-ms", "30000"];
         let first = Process::start(BIN, &db.url, &long_lease).await;
         let client = first.client().await;
         client
             .saga()
             .xid("handover")
-            .step(SagaStep::new("s1", bank.url(), "debit").payload(payload("alice", 1)))
-            .step(SagaStep::new("s2", bank.url(), "debit").payload(payload("alice", 2)))
+            .step(debit_alice("s1", bank.url(), 1))
+            .step(debit_alice("s2", bank.url(), 2))
             .submit()
             .await
             .unwrap();

@@ -3,19 +3,32 @@
 
 use std::time::Duration;
 
-use dtx_proto::v1::TxStatus;
+use dtx_proto::v1::{Transaction, TxStatus};
 use dtx_sdk::barrier::Action;
-use dtx_sdk::client::SagaStep;
 use dtx_tests::coordinator::Process;
 use dtx_tests::db::{TestBackend, TestDb};
 use dtx_tests::ledger;
-use dtx_tests::net::serve;
-use dtx_tests::participant::{Bank, Fault, Faults, payload};
 use dtx_tests::test_on_all_databases;
-use dtx_tests::world::{SCHEMAS, START};
-use tonic::transport::Server;
+use dtx_tests::world::{SCHEMAS, START, alice_with_a_slow_step, debit_alice};
 
 const BIN: &str = env!("CARGO_BIN_EXE_test-coordinator");
+
+/// A fresh coordinator process (with `flags`) on the same database, and the saga `xid` as it
+/// ends there.
+async fn finish_in_a_new_process<DB: TestBackend>(
+    db: &'static TestDb<DB>,
+    flags: &[&str],
+    xid: &str,
+) -> (Process, Transaction) {
+    let second = Process::start(BIN, &db.url, flags).await;
+    let done = second
+        .client()
+        .await
+        .wait(xid, Duration::from_secs(20))
+        .await
+        .unwrap();
+    (second, done)
+}
 
 /// Runs a 4-step saga whose step s3 hangs in the network, kills the coordinator while it does,
 /// and lets a fresh process finish. `refuse_last` makes s4 refuse, so the saga compensates.
@@ -23,18 +36,7 @@ async fn killed_mid_saga<DB: TestBackend>(db: &'static TestDb<DB>, xid: &str, re
 where
     DB::Conn: 'static,
 {
-    ledger::create_tables(&db.pool).await;
-    ledger::open_account(&db.pool, "alice", START).await;
-    let faults = Faults::default();
-    faults.push(
-        "s3",
-        Action::Action,
-        [Fault::Delay(Duration::from_millis(1500))],
-    );
-    let bank = serve(
-        Server::builder().add_service(Bank::new(db.pool.clone(), faults.clone()).into_service()),
-    )
-    .await;
+    let (faults, bank) = alice_with_a_slow_step(db, "s3", Duration::from_millis(1500)).await;
 
     let first = Process::start(BIN, &db.url, &[]).await;
     let last_amount = if refuse_last { START * 10 } else { 4 };
@@ -43,10 +45,10 @@ where
         .await
         .saga()
         .xid(xid)
-        .step(SagaStep::new("s1", bank.url(), "debit").payload(payload("alice", 1)))
-        .step(SagaStep::new("s2", bank.url(), "debit").payload(payload("alice", 2)))
-        .step(SagaStep::new("s3", bank.url(), "debit").payload(payload("alice", 3)))
-        .step(SagaStep::new("s4", bank.url(), "debit").payload(payload("alice", last_amount)));
+        .step(debit_alice("s1", bank.url(), 1))
+        .step(debit_alice("s2", bank.url(), 2))
+        .step(debit_alice("s3", bank.url(), 3))
+        .step(debit_alice("s4", bank.url(), last_amount));
     saga.submit().await.unwrap();
     while faults.calls("s3", Action::Action) == 0 {
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -55,13 +57,7 @@ where
     assert_eq!(ledger::effects(&db.pool, xid, "s1", "action").await, 1);
     assert_eq!(ledger::effects(&db.pool, xid, "s4", "action").await, 0);
 
-    let second = Process::start(BIN, &db.url, &[]).await;
-    let done = second
-        .client()
-        .await
-        .wait(xid, Duration::from_secs(20))
-        .await
-        .unwrap();
+    let (second, done) = finish_in_a_new_process(db, &[], xid).await;
     // The late s3 delivery lands too; give it time, then check nothing happened twice.
     tokio::time::sleep(Duration::from_millis(1600)).await;
     let expected = if refuse_last {
@@ -116,18 +112,7 @@ where
     DB::Conn: 'static,
 {
     let xid = "crash-saga-in-flight";
-    ledger::create_tables(&db.pool).await;
-    ledger::open_account(&db.pool, "alice", START).await;
-    let faults = Faults::default();
-    faults.push(
-        "s1",
-        Action::Action,
-        [Fault::Delay(Duration::from_millis(1000))],
-    );
-    let bank = serve(
-        Server::builder().add_service(Bank::new(db.pool.clone(), faults.clone()).into_service()),
-    )
-    .await;
+    let (faults, bank) = alice_with_a_slow_step(db, "s1", Duration::from_millis(1000)).await;
     // Lease (5 s) longer than the saga's deadline (3 s): recovery finds it past the deadline.
     let lease = ["--lease-ms", "5000"];
     let first = Process::start(BIN, &db.url, &lease).await;
@@ -137,7 +122,7 @@ where
         .saga()
         .xid(xid)
         .timeout(Duration::from_secs(3))
-        .step(SagaStep::new("s1", bank.url(), "debit").payload(payload("alice", 7)))
+        .step(debit_alice("s1", bank.url(), 7))
         .submit()
         .await
         .unwrap();
@@ -146,13 +131,7 @@ where
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
     first.kill().await;
-    let second = Process::start(BIN, &db.url, &lease).await;
-    let done = second
-        .client()
-        .await
-        .wait(xid, Duration::from_secs(20))
-        .await
-        .unwrap();
+    let (second, done) = finish_in_a_new_process(db, &lease, xid).await;
     assert_eq!(done.status(), TxStatus::Compensated, "{done:?}");
     assert_eq!(ledger::effects(&db.pool, xid, "s1", "action").await, 1);
     assert_eq!(

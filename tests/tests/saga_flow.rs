@@ -7,7 +7,7 @@ use std::time::Duration;
 use dtx_proto::v1::{BranchStatus, OutcomeDetail, TxStatus};
 use dtx_sdk::Error;
 use dtx_sdk::barrier::Action;
-use dtx_sdk::client::{RetryPolicy, SagaBuilder, SagaStep};
+use dtx_sdk::client::{RetryPolicy, SagaBuilder, SagaOutcome, SagaStep};
 use dtx_tests::db::{TestBackend, TestDb};
 use dtx_tests::participant::{Fault, payload};
 use dtx_tests::test_on_all_databases;
@@ -29,6 +29,22 @@ fn fast_retry() -> RetryPolicy {
 }
 
 const WAIT: Duration = Duration::from_secs(20);
+
+/// Submits a saga and waits (up to [`WAIT`]) for its outcome; both must succeed.
+trait Settle {
+    async fn settle(self) -> SagaOutcome;
+}
+
+impl Settle for SagaBuilder {
+    async fn settle(self) -> SagaOutcome {
+        self.submit()
+            .await
+            .unwrap()
+            .await_outcome(WAIT)
+            .await
+            .unwrap()
+    }
+}
 
 async fn four_sequential_steps_succeed_once_each<DB: TestBackend>(db: &'static TestDb<DB>)
 where
@@ -87,12 +103,8 @@ async fn a_refused_step_compensates_the_earlier_ones_in_reverse<DB: TestBackend>
         // More than carol has: refused.
         .step(step("s3", &w.bank, "carol", START + 1))
         .step(step("s4", &w.bank, "alice", 4))
-        .submit()
-        .await
-        .unwrap()
-        .await_outcome(WAIT)
-        .await
-        .unwrap();
+        .settle()
+        .await;
     assert_eq!(outcome.status(), TxStatus::Compensated, "{outcome:?}");
     let calls: Vec<(String, Action)> = w
         .faults
@@ -166,12 +178,8 @@ async fn independent_steps_overlap_and_compensate_after_their_dependent<DB: Test
         .step(step("a", &w.bank, "alice", 1).after(Vec::<String>::new()))
         .step(step("b", &w.bank, "bob", 1))
         .step(step("c", &w.bank, "carol", START + 1).after(["a", "b"]))
-        .submit()
-        .await
-        .unwrap()
-        .await_outcome(WAIT)
-        .await
-        .unwrap();
+        .settle()
+        .await;
     assert_eq!(outcome.status(), TxStatus::Compensated, "{outcome:?}");
     let log = w.faults.call_log();
     let find = |b: &str, a: Action| {
@@ -239,12 +247,8 @@ where
         .retry(fast_retry())
         .step(step("s1", &w.bank, "alice", 5))
         .step(step("s2", &w.bank, "bob", START + 1))
-        .submit()
-        .await
-        .unwrap()
-        .await_outcome(WAIT)
-        .await
-        .unwrap();
+        .settle()
+        .await;
     assert_eq!(outcome.status(), TxStatus::Compensated, "{outcome:?}");
     assert_eq!(
         w.faults.calls("s1", Action::Action),
@@ -281,12 +285,8 @@ async fn a_compensation_that_overtakes_its_action_blocks_it<DB: TestBackend>(
             ..fast_retry()
         })
         .step(step("s1", &w.bank, "alice", 5))
-        .submit()
-        .await
-        .unwrap()
-        .await_outcome(WAIT)
-        .await
-        .unwrap();
+        .settle()
+        .await;
     assert_eq!(outcome.status(), TxStatus::Compensated, "{outcome:?}");
     // Let the late action arrive.
     tokio::time::sleep(Duration::from_millis(1600)).await;
@@ -367,20 +367,8 @@ async fn definitions_are_validated_and_idempotent_under_their_xid<DB: TestBacken
         assert_eq!(missing.code(), Code::NotFound, "{xid}: nothing stored");
     }
     // The same definition twice: one saga, one effect. A different one: ALREADY_EXISTS.
-    base("same")
-        .submit()
-        .await
-        .unwrap()
-        .await_outcome(WAIT)
-        .await
-        .unwrap();
-    let again = base("same")
-        .submit()
-        .await
-        .unwrap()
-        .await_outcome(WAIT)
-        .await
-        .unwrap();
+    base("same").settle().await;
+    let again = base("same").settle().await;
     assert!(again.succeeded());
     assert_eq!(w.effects("same", "s1", "action").await, 1);
     let different = w
@@ -421,14 +409,7 @@ where
             let amount = if refuse == Some(k) { START * 10 } else { 1 };
             saga = saga.step(step(&format!("s{k}"), &w.bank, account, amount));
         }
-        handles.push(tokio::spawn(async move {
-            saga.submit()
-                .await
-                .unwrap()
-                .await_outcome(WAIT)
-                .await
-                .unwrap()
-        }));
+        handles.push(tokio::spawn(async move { saga.settle().await }));
     }
     let mut succeeded = 0;
     for (i, h) in handles.into_iter().enumerate() {

@@ -32,6 +32,13 @@ async fn count<DB: Backend>(pool: &Pool<DB>, sql: &'static str) -> i64 {
 }
 
 /// `n` parents created at 0..n ms, each with two children.
+/// The test's tables, created on this database.
+async fn create<DB: TestBackend>(db: &TestDb<DB>) {
+    DB::execute_script(&db.pool, CREATE.to_string())
+        .await
+        .unwrap();
+}
+
 async fn fill<DB: Backend>(pool: &Pool<DB>, n: i64) {
     let mut tx = DB::begin(pool).await.unwrap();
     let conn = DB::conn(&mut tx);
@@ -46,9 +53,7 @@ async fn fill<DB: Backend>(pool: &Pool<DB>, n: i64) {
 }
 
 async fn savepoints_keep_or_undo<DB: TestBackend>(db: &'static TestDb<DB>) {
-    DB::execute_script(&db.pool, CREATE.to_string())
-        .await
-        .unwrap();
+    create(db).await;
     let mut tx = DB::begin(&db.pool).await.unwrap();
     let conn = DB::conn(&mut tx);
     conn.execute(INSERT_PARENT, args!["kept-before", 1])
@@ -87,9 +92,7 @@ async fn savepoints_keep_or_undo<DB: TestBackend>(db: &'static TestDb<DB>) {
 test_on_all_databases!(savepoints_keep_or_undo, &[]);
 
 async fn one_statement_deletes_in_batches<DB: TestBackend>(db: &'static TestDb<DB>) {
-    DB::execute_script(&db.pool, CREATE.to_string())
-        .await
-        .unwrap();
+    create(db).await;
     fill(&db.pool, 25).await;
     // 20 rows older than 20 in batches of 7: rounds of 7, 7, 6.
     let deleted = dtx_sql::delete_batched(&db.pool, PURGE_PARENTS, args![20i64], 7)
@@ -110,9 +113,7 @@ async fn one_statement_deletes_in_batches<DB: TestBackend>(db: &'static TestDb<D
 test_on_all_databases!(one_statement_deletes_in_batches, &[]);
 
 async fn rounds_purge_across_tables<DB: TestBackend>(db: &'static TestDb<DB>) {
-    DB::execute_script(&db.pool, CREATE.to_string())
-        .await
-        .unwrap();
+    create(db).await;
     fill(&db.pool, 10).await;
     let before_ms = 8i64;
     let rounds = std::sync::Mutex::new(Vec::new());

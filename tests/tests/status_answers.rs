@@ -10,7 +10,7 @@ use std::time::Duration;
 use dtx_proto::v1::{BranchStatus, TxStatus};
 use dtx_sdk::Error;
 use dtx_sdk::barrier::Action;
-use dtx_sdk::client::{RetryPolicy, SagaStep, TccBranch, TccOptions};
+use dtx_sdk::client::{RetryPolicy, SagaOutcome, SagaStep, TccBranch, TccOptions};
 use dtx_tests::coordinator::InProcess;
 use dtx_tests::db::{TestBackend, TestDb};
 use dtx_tests::ledger;
@@ -58,6 +58,27 @@ where
     }
 }
 
+impl<DB: TestBackend> Setup<DB> {
+    /// Runs the saga `xid` of one step, `s1` debiting alice 7, with `attempts` tries per call;
+    /// the proxy misroutes the first `bad` answers.
+    async fn debit_saga(&self, xid: &str, bad: usize, attempts: u32) -> SagaOutcome {
+        self.bad.store(bad, Ordering::SeqCst);
+        self.coordinator
+            .client()
+            .await
+            .saga()
+            .xid(xid)
+            .retry(quick_retries(attempts))
+            .step(SagaStep::new("s1", self.bank.url(), "debit").payload(payload("alice", 7)))
+            .submit()
+            .await
+            .unwrap()
+            .await_outcome(Duration::from_secs(20))
+            .await
+            .unwrap()
+    }
+}
+
 fn quick_retries(max_attempts: u32) -> RetryPolicy {
     RetryPolicy {
         max_attempts,
@@ -73,21 +94,7 @@ where
     DB::Conn: 'static,
 {
     let s = setup(db, how).await;
-    s.bad.store(2, Ordering::SeqCst);
-    let done = s
-        .coordinator
-        .client()
-        .await
-        .saga()
-        .xid(xid)
-        .retry(quick_retries(5))
-        .step(SagaStep::new("s1", s.bank.url(), "debit").payload(payload("alice", 7)))
-        .submit()
-        .await
-        .unwrap()
-        .await_outcome(Duration::from_secs(20))
-        .await
-        .unwrap();
+    let done = s.debit_saga(xid, 2, 5).await;
     assert_eq!(done.status(), TxStatus::Succeeded, "{:?}", done.0);
     assert_eq!(ledger::effects(&s.db.pool, xid, "s1", "action").await, 1);
     assert_eq!(ledger::account(&s.db.pool, "alice").await, (START - 7, 0));
@@ -127,21 +134,7 @@ where
 {
     let xid = "status-unimplemented";
     let s = setup(db, Misroute::UnimplementedAfter).await;
-    s.bad.store(3, Ordering::SeqCst);
-    let done = s
-        .coordinator
-        .client()
-        .await
-        .saga()
-        .xid(xid)
-        .retry(quick_retries(3))
-        .step(SagaStep::new("s1", s.bank.url(), "debit").payload(payload("alice", 7)))
-        .submit()
-        .await
-        .unwrap()
-        .await_outcome(Duration::from_secs(20))
-        .await
-        .unwrap();
+    let done = s.debit_saga(xid, 3, 3).await;
     assert_eq!(done.status(), TxStatus::Compensated, "{:?}", done.0);
     assert_eq!(done.steps()[0].status(), BranchStatus::Compensated);
     assert_eq!(s.faults.calls("s1", Action::Action), 3);

@@ -7,8 +7,8 @@ use std::time::Duration;
 use dtx_proto::v1::coordinator_client::CoordinatorClient;
 use dtx_proto::v1::participant_client::ParticipantClient;
 use dtx_proto::v1::{
-    BranchAction, BranchRequest, BranchStatus, Outcome, OutcomeDetail, RegisterBranchRequest,
-    TxStatus,
+    BranchAction, BranchRequest, BranchResponse, BranchStatus, Outcome, OutcomeDetail,
+    RegisterBranchRequest, Transaction, TxStatus,
 };
 use dtx_sdk::Error;
 use dtx_sdk::barrier::Action;
@@ -25,6 +25,44 @@ fn options(xid: &str) -> TccOptions {
     }
 }
 
+/// The bank's `transfer` handler as a TCC branch.
+fn transfer(bank: &str, payload: Vec<u8>) -> TccBranch {
+    TccBranch::new(bank, "transfer", payload)
+}
+
+/// The transaction's final state, waited for up to ten seconds.
+async fn settled<DB: TestBackend>(w: &World<DB>, xid: &str) -> Transaction
+where
+    DB::Conn: 'static,
+{
+    w.client.wait(xid, Duration::from_secs(10)).await.unwrap()
+}
+
+/// One `transfer` delivery straight to the bank, past the coordinator.
+async fn deliver<DB: TestBackend>(
+    w: &World<DB>,
+    xid: &str,
+    branch: &str,
+    action: BranchAction,
+    payload: Vec<u8>,
+) -> BranchResponse
+where
+    DB::Conn: 'static,
+{
+    let mut bank = ParticipantClient::connect(w.bank.clone()).await.unwrap();
+    bank.branch(BranchRequest {
+        xid: xid.into(),
+        branch_id: branch.into(),
+        action: action as i32,
+        handler: "transfer".into(),
+        payload,
+        headers: Default::default(),
+    })
+    .await
+    .unwrap()
+    .into_inner()
+}
+
 async fn two_branches_are_confirmed_exactly_once<DB: TestBackend>(db: &'static TestDb<DB>)
 where
     DB::Conn: 'static,
@@ -32,11 +70,11 @@ where
     let w = World::start(db, &[]).await;
     let tx = w.client.begin(options("happy")).await.unwrap();
     let r1 = tx
-        .call(TccBranch::new(&w.bank, "transfer", payload("alice", 10)))
+        .call(transfer(&w.bank, payload("alice", 10)))
         .await
         .unwrap();
     assert!(!r1.is_empty(), "the Try's result reaches the initiator");
-    tx.call(TccBranch::new(&w.bank, "transfer", payload("bob", 20)))
+    tx.call(transfer(&w.bank, payload("bob", 20)))
         .await
         .unwrap();
     assert_eq!(w.account("alice").await, (START - 10, 10), "held after Try");
@@ -86,11 +124,9 @@ where
             })
             .await
             .map_err(Error::from)?;
-            tx.call(TccBranch::new(&bank, "transfer", payload("alice", 10)))
-                .await?;
+            tx.call(transfer(&bank, payload("alice", 10))).await?;
             // More than bob has: the bank refuses.
-            tx.call(TccBranch::new(&bank, "transfer", payload("bob", START + 1)))
-                .await?;
+            tx.call(transfer(&bank, payload("bob", START + 1))).await?;
             Ok::<_, Error>(())
         })
         .await;
@@ -98,11 +134,7 @@ where
         matches!(result, Err(Error::BranchRefused { .. })),
         "{result:?}"
     );
-    let done = w
-        .client
-        .wait("refused", Duration::from_secs(10))
-        .await
-        .unwrap();
+    let done = settled(&w, "refused").await;
     assert_eq!(done.status(), TxStatus::RolledBack);
     assert!(
         done.branches
@@ -124,19 +156,14 @@ where
         assert_eq!(w.faults.calls(branch, Action::Cancel), 1, "{branch}");
     }
     // The Try of never-tried arriving now is rejected: its Cancel came first.
-    let mut bank = ParticipantClient::connect(w.bank.clone()).await.unwrap();
-    let late = bank
-        .branch(BranchRequest {
-            xid: "refused".into(),
-            branch_id: "never-tried".into(),
-            action: BranchAction::Try as i32,
-            handler: "transfer".into(),
-            payload: payload("carol", 5),
-            headers: Default::default(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let late = deliver(
+        &w,
+        "refused",
+        "never-tried",
+        BranchAction::Try,
+        payload("carol", 5),
+    )
+    .await;
     assert_eq!(
         (late.outcome(), late.detail()),
         (Outcome::Failure, OutcomeDetail::Suspended)
@@ -163,10 +190,10 @@ async fn confirm_is_retried_through_errors_until_it_succeeds_once<DB: TestBacken
         ],
     );
     let tx = w.client.begin(options("retried")).await.unwrap();
-    tx.call(TccBranch::new(&w.bank, "transfer", payload("alice", 10)))
+    tx.call(transfer(&w.bank, payload("alice", 10)))
         .await
         .unwrap();
-    tx.call(TccBranch::new(&w.bank, "transfer", payload("bob", 10)))
+    tx.call(transfer(&w.bank, payload("bob", 10)))
         .await
         .unwrap();
     assert_eq!(tx.commit().await.unwrap(), TxStatus::Committed);
@@ -201,14 +228,10 @@ async fn an_undecided_transaction_is_rolled_back_at_its_deadline<DB: TestBackend
         })
         .await
         .unwrap();
-    tx.call(TccBranch::new(&w.bank, "transfer", payload("alice", 10)))
+    tx.call(transfer(&w.bank, payload("alice", 10)))
         .await
         .unwrap();
-    let done = w
-        .client
-        .wait("late", Duration::from_secs(10))
-        .await
-        .unwrap();
+    let done = settled(&w, "late").await;
     assert_eq!(done.status(), TxStatus::RolledBack);
     assert_eq!(done.decision, "rollback");
     assert_eq!(w.effects("late", "b1", "cancel").await, 1);
@@ -240,10 +263,10 @@ async fn a_refused_confirm_parks_the_transaction_until_resumed<DB: TestBackend>(
     let w = World::start(db, &[]).await;
     w.faults.push("b1", Action::Confirm, [Fault::Refuse]);
     let tx = w.client.begin(options("parked")).await.unwrap();
-    tx.call(TccBranch::new(&w.bank, "transfer", payload("alice", 10)))
+    tx.call(transfer(&w.bank, payload("alice", 10)))
         .await
         .unwrap();
-    tx.call(TccBranch::new(&w.bank, "transfer", payload("bob", 10)))
+    tx.call(transfer(&w.bank, payload("bob", 10)))
         .await
         .unwrap();
     assert_eq!(tx.commit().await.unwrap(), TxStatus::NeedsAttention);
@@ -267,11 +290,7 @@ async fn a_refused_confirm_parks_the_transaction_until_resumed<DB: TestBackend>(
 
     // After the operator fixed the participant, Resume finishes the job.
     w.client.resume("parked").await.unwrap();
-    let done = w
-        .client
-        .wait("parked", Duration::from_secs(10))
-        .await
-        .unwrap();
+    let done = settled(&w, "parked").await;
     assert_eq!(done.status(), TxStatus::Committed);
     assert_eq!(w.effects("parked", "b1", "confirm").await, 1);
     assert_eq!(w.account("alice").await, (START - 10, 0));
@@ -301,8 +320,7 @@ where
     let result = w
         .client
         .tcc(opts, |tx| async move {
-            tx.call(TccBranch::new(&bank, "transfer", payload("alice", 10)))
-                .await?;
+            tx.call(transfer(&bank, payload("alice", 10))).await?;
             Ok::<_, Error>(())
         })
         .await;
@@ -310,11 +328,7 @@ where
         matches!(result, Err(Error::BranchInDoubt { .. })),
         "{result:?}"
     );
-    let done = w
-        .client
-        .wait("unknown", Duration::from_secs(10))
-        .await
-        .unwrap();
+    let done = settled(&w, "unknown").await;
     assert_eq!(done.status(), TxStatus::RolledBack);
     // Whether the slow Try ran before or after its Cancel, nothing stands.
     tokio::time::sleep(Duration::from_millis(1000)).await;
@@ -332,25 +346,20 @@ async fn a_confirm_after_a_forced_cancel_parks_the_transaction<DB: TestBackend>(
 {
     let w = World::start(db, &[]).await;
     let tx = w.client.begin(options("forced")).await.unwrap();
-    tx.call(TccBranch::new(&w.bank, "transfer", payload("alice", 10)))
+    tx.call(transfer(&w.bank, payload("alice", 10)))
         .await
         .unwrap();
-    tx.call(TccBranch::new(&w.bank, "transfer", payload("bob", 10)))
+    tx.call(transfer(&w.bank, payload("bob", 10)))
         .await
         .unwrap();
-    let mut bank = ParticipantClient::connect(w.bank.clone()).await.unwrap();
-    let cancel = bank
-        .branch(BranchRequest {
-            xid: "forced".into(),
-            branch_id: "b1".into(),
-            action: BranchAction::Cancel as i32,
-            handler: "transfer".into(),
-            payload: payload("alice", 10),
-            headers: Default::default(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let cancel = deliver(
+        &w,
+        "forced",
+        "b1",
+        BranchAction::Cancel,
+        payload("alice", 10),
+    )
+    .await;
     assert_eq!(
         (cancel.outcome(), cancel.detail()),
         (Outcome::Success, OutcomeDetail::Executed)
