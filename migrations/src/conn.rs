@@ -54,7 +54,9 @@ pub trait SqlRow: Send {
 }
 
 /// A database connection (usually inside a transaction) that stores are written against.
-pub trait Conn: Send {
+/// `'static` because every driver's connection is an owned value; saying so once spares each
+/// generic caller a `where DB::Conn: 'static` bound.
+pub trait Conn: Send + 'static {
     const DIALECT: Dialect;
     type Row: SqlRow;
 

@@ -31,10 +31,7 @@ pub async fn call<DB: Backend>(
     behave: Behave,
     tag: &str,
     request: Option<&[u8]>,
-) -> Result<Answer, dtx_sdk::Error>
-where
-    DB::Conn: 'static,
-{
+) -> Result<Answer, dtx_sdk::Error> {
     let mut key = BranchKey::new(xid, branch, action)?;
     if let Some(request) = request {
         key = key.with_request(RequestHash::of_bytes(request));

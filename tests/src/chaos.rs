@@ -841,10 +841,7 @@ fn check_one(
 }
 
 /// Runs the harness on a fresh coordinator database and a fresh bank database of kind `DB`.
-pub async fn run<DB: TestBackend>(mut cfg: ChaosConfig) -> Option<ChaosReport>
-where
-    DB::Conn: 'static,
-{
+pub async fn run<DB: TestBackend>(mut cfg: ChaosConfig) -> Option<ChaosReport> {
     if cfg.classes.skew.is_some() && !crate::coordinator::faketime_or_skip("chaos class b-skew") {
         cfg.classes.skew = None;
     }

@@ -434,10 +434,7 @@ pub struct Bank<DB: Backend> {
     handler_faults: HandlerFaults,
 }
 
-impl<DB: Backend> Bank<DB>
-where
-    DB::Conn: 'static,
-{
+impl<DB: Backend> Bank<DB> {
     pub fn new(pool: Pool<DB>, faults: Faults) -> Self {
         let handler_faults = HandlerFaults::default();
         let inner = ParticipantServer::new(pool)
@@ -479,10 +476,7 @@ where
     }
 }
 
-impl<DB: Backend> Bank<DB>
-where
-    DB::Conn: 'static,
-{
+impl<DB: Backend> Bank<DB> {
     /// The service behind a proxy that turns answers marked by a [`Fault::Status`] with
     /// [`StatusAnswer::Http404`] into a plain HTTP 404 without `grpc-status`.
     pub fn into_http_service(self) -> MisrouteProxy<WireServer<Self>> {
@@ -529,10 +523,7 @@ fn status_only(how: StatusAnswer) -> Result<Response<BranchResponse>, Status> {
 }
 
 #[tonic::async_trait]
-impl<DB: Backend> Participant for Bank<DB>
-where
-    DB::Conn: 'static,
-{
+impl<DB: Backend> Participant for Bank<DB> {
     async fn branch(
         &self,
         request: Request<BranchRequest>,
@@ -628,9 +619,6 @@ pub async fn direct<DB: Backend>(
     action: Action,
     behave: Behave,
     tag: &str,
-) -> Result<dtx_sdk::barrier::Answer, dtx_sdk::Error>
-where
-    DB::Conn: 'static,
-{
+) -> Result<dtx_sdk::barrier::Answer, dtx_sdk::Error> {
     crate::barrier::call(pool, xid, branch, action, behave, tag, None).await
 }

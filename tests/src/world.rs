@@ -31,10 +31,7 @@ pub struct World<DB: TestBackend> {
     pub bank_server: RunningServer,
 }
 
-impl<DB: TestBackend> World<DB>
-where
-    DB::Conn: 'static,
-{
+impl<DB: TestBackend> World<DB> {
     /// The bank and a coordinator (with [`crate::coordinator::FAST`] settings plus `flags`).
     pub async fn start(db: &'static TestDb<DB>, flags: &[&str]) -> World<DB> {
         ledger::create_tables(&db.pool).await;
@@ -74,10 +71,7 @@ pub async fn alice_with_a_slow_step<DB: TestBackend>(
     db: &'static TestDb<DB>,
     branch: &str,
     delay: Duration,
-) -> (Faults, RunningServer)
-where
-    DB::Conn: 'static,
-{
+) -> (Faults, RunningServer) {
     ledger::create_tables(&db.pool).await;
     ledger::open_account(&db.pool, "alice", START).await;
     let faults = Faults::default();

@@ -150,9 +150,7 @@ fn branch(xid: &str, id: &str, target: &str) -> RegisterBranchRequest {
 
 async fn malformed_and_conflicting_input_is_rejected_without_writing<DB: TestBackend>(
     db: &'static TestDb<DB>,
-) where
-    DB::Conn: 'static,
-{
+) {
     let w = World::start(db, &[]).await;
     let bank = w.bank.clone();
     let channel = Channel::from_shared(w.coordinator.url.clone())

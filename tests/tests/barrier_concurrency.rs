@@ -44,10 +44,7 @@ async fn concurrently<DB: Backend>(
     bank: &Arc<Bank<DB>>,
     n: usize,
     req: BranchRequest,
-) -> Vec<BranchResponse>
-where
-    DB::Conn: 'static,
-{
+) -> Vec<BranchResponse> {
     let calls = (0..n).map(|_| {
         let bank = bank.clone();
         let req = req.clone();
@@ -60,10 +57,7 @@ where
         .collect()
 }
 
-async fn fifty_concurrent_confirms_apply_once<DB: TestBackend>(db: &'static TestDb<DB>)
-where
-    DB::Conn: 'static,
-{
+async fn fifty_concurrent_confirms_apply_once<DB: TestBackend>(db: &'static TestDb<DB>) {
     let bank = setup(db).await;
     let tried = send(&bank, request("x1", "b1", BranchAction::Try, "transfer")).await;
     assert_eq!(tried.outcome(), Outcome::Success);
@@ -89,9 +83,7 @@ test_on_all_databases!(fifty_concurrent_confirms_apply_once, SCHEMAS);
 
 async fn fifty_concurrent_trys_apply_once_and_share_the_first_result<DB: TestBackend>(
     db: &'static TestDb<DB>,
-) where
-    DB::Conn: 'static,
-{
+) {
     let bank = setup(db).await;
     let answers = concurrently(
         &bank,
@@ -135,10 +127,7 @@ test_on_all_databases!(
 /// 200 rounds of a Try and its Cancel sent at the same moment. Either the Try ran and the
 /// Cancel undid it, or the Cancel was an empty rollback and the Try was rejected: never a Try
 /// effect standing after its Cancel succeeded.
-async fn try_racing_cancel_never_leaves_a_try_standing<DB: TestBackend>(db: &'static TestDb<DB>)
-where
-    DB::Conn: 'static,
-{
+async fn try_racing_cancel_never_leaves_a_try_standing<DB: TestBackend>(db: &'static TestDb<DB>) {
     let bank = setup(db).await;
     let (mut tried_then_cancelled, mut empty_rollbacks) = (0, 0);
     for round in 0..200 {
@@ -195,10 +184,7 @@ where
 test_on_all_databases!(try_racing_cancel_never_leaves_a_try_standing, SCHEMAS);
 
 /// The helper's own server type is usable directly too (no fault wrapper).
-async fn plain_server_handles_calls<DB: TestBackend>(db: &'static TestDb<DB>)
-where
-    DB::Conn: 'static,
-{
+async fn plain_server_handles_calls<DB: TestBackend>(db: &'static TestDb<DB>) {
     ledger::create_tables(&db.pool).await;
     let server = ParticipantServer::new(db.pool.clone()).saga(
         "noop",
@@ -220,9 +206,7 @@ test_on_all_databases!(plain_server_handles_calls, SCHEMAS);
 /// closure run; every call of the winning op succeeds, every call of the other one is refused.
 async fn fifty_concurrent_mixed_confirms_and_cancels_decide_once<DB: TestBackend>(
     db: &'static TestDb<DB>,
-) where
-    DB::Conn: 'static,
-{
+) {
     let bank = setup(db).await;
     for round in 0..4 {
         let xid = format!("mixed-{round}");

@@ -198,10 +198,7 @@ async fn check<DB: TestBackend>(
     db: &TestDb<DB>,
     xid: &str,
     calls: Vec<(Action, Behave, u8)>,
-) -> Result<(), TestCaseError>
-where
-    DB::Conn: 'static,
-{
+) -> Result<(), TestCaseError> {
     let (start_balance, start_held) = ledger::account(&db.pool, "acct").await;
     let mut model = Model::new();
     for (i, (action, behave, request)) in calls.iter().copied().enumerate() {
@@ -246,10 +243,7 @@ where
     Ok(())
 }
 
-fn run_model<DB: TestBackend>(cases: u32)
-where
-    DB::Conn: 'static,
-{
+fn run_model<DB: TestBackend>(cases: u32) {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let Some(db) = rt.block_on(TestDb::<DB>::create(&[Schema::Barrier])) else {
         return;

@@ -9,10 +9,7 @@ use dtx_tests::db::{TestBackend, TestDb};
 use dtx_tests::participant::{Behave, direct};
 use dtx_tests::{ledger, test_on_all_databases};
 
-async fn old_rows_are_purged_in_batches<DB: TestBackend>(db: &'static TestDb<DB>)
-where
-    DB::Conn: 'static,
-{
+async fn old_rows_are_purged_in_batches<DB: TestBackend>(db: &'static TestDb<DB>) {
     ledger::create_tables(&db.pool).await;
     ledger::open_account(&db.pool, "acct", 1_000).await;
     for i in 0..25 {

@@ -30,10 +30,7 @@ async fn answer(client: &mut ParticipantClient<Channel>, req: BranchRequest) -> 
     client.branch(req).await.unwrap().into_inner()
 }
 
-async fn participant_over_grpc<DB: TestBackend>(db: &'static TestDb<DB>)
-where
-    DB::Conn: 'static,
-{
+async fn participant_over_grpc<DB: TestBackend>(db: &'static TestDb<DB>) {
     ledger::create_tables(&db.pool).await;
     ledger::open_account(&db.pool, "acct", 100).await;
     let faults = Faults::default();
@@ -199,10 +196,7 @@ where
 test_on_all_databases!(participant_over_grpc, SCHEMAS);
 
 /// Conflicts are well-formed FAILURE answers with the reason, not gRPC errors.
-async fn conflicts_are_failure_answers_with_a_reason<DB: TestBackend>(db: &'static TestDb<DB>)
-where
-    DB::Conn: 'static,
-{
+async fn conflicts_are_failure_answers_with_a_reason<DB: TestBackend>(db: &'static TestDb<DB>) {
     ledger::create_tables(&db.pool).await;
     ledger::open_account(&db.pool, "acct", 100).await;
     let server = serve(

@@ -47,10 +47,7 @@ async fn submit_saga(
         .unwrap();
 }
 
-async fn one_clock<DB: TestBackend>(db: &'static TestDb<DB>, skew: &'static str)
-where
-    DB::Conn: 'static,
-{
+async fn one_clock<DB: TestBackend>(db: &'static TestDb<DB>, skew: &'static str) {
     if !faketime_or_skip("clock_skew") {
         return;
     }

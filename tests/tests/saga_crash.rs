@@ -32,10 +32,7 @@ async fn finish_in_a_new_process<DB: TestBackend>(
 
 /// Runs a 4-step saga whose step s3 hangs in the network, kills the coordinator while it does,
 /// and lets a fresh process finish. `refuse_last` makes s4 refuse, so the saga compensates.
-async fn killed_mid_saga<DB: TestBackend>(db: &'static TestDb<DB>, xid: &str, refuse_last: bool)
-where
-    DB::Conn: 'static,
-{
+async fn killed_mid_saga<DB: TestBackend>(db: &'static TestDb<DB>, xid: &str, refuse_last: bool) {
     let (faults, bank) = alice_with_a_slow_step(db, "s3", Duration::from_millis(1500)).await;
 
     let first = Process::start(BIN, &db.url, &[]).await;
@@ -88,18 +85,12 @@ where
     second.kill().await;
 }
 
-async fn killed_mid_saga_completes<DB: TestBackend>(db: &'static TestDb<DB>)
-where
-    DB::Conn: 'static,
-{
+async fn killed_mid_saga_completes<DB: TestBackend>(db: &'static TestDb<DB>) {
     killed_mid_saga(db, "crash-saga-ok", false).await;
 }
 test_on_all_databases!(killed_mid_saga_completes, SCHEMAS);
 
-async fn killed_mid_saga_compensates<DB: TestBackend>(db: &'static TestDb<DB>)
-where
-    DB::Conn: 'static,
-{
+async fn killed_mid_saga_compensates<DB: TestBackend>(db: &'static TestDb<DB>) {
     killed_mid_saga(db, "crash-saga-comp", true).await;
 }
 test_on_all_databases!(killed_mid_saga_compensates, SCHEMAS);
@@ -107,10 +98,9 @@ test_on_all_databases!(killed_mid_saga_compensates, SCHEMAS);
 /// The coordinator is killed while a step's action is in flight (the participant still
 /// completes it: a lost response), and the saga's deadline passes before the lease lets a new
 /// process take over. The step was sent, so the new process must compensate it, not skip it.
-async fn killed_with_an_action_in_flight_past_the_deadline<DB: TestBackend>(db: &'static TestDb<DB>)
-where
-    DB::Conn: 'static,
-{
+async fn killed_with_an_action_in_flight_past_the_deadline<DB: TestBackend>(
+    db: &'static TestDb<DB>,
+) {
     let xid = "crash-saga-in-flight";
     let (faults, bank) = alice_with_a_slow_step(db, "s1", Duration::from_millis(1000)).await;
     // Lease (5 s) longer than the saga's deadline (3 s): recovery finds it past the deadline.

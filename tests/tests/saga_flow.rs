@@ -46,10 +46,7 @@ impl Settle for SagaBuilder {
     }
 }
 
-async fn four_sequential_steps_succeed_once_each<DB: TestBackend>(db: &'static TestDb<DB>)
-where
-    DB::Conn: 'static,
-{
+async fn four_sequential_steps_succeed_once_each<DB: TestBackend>(db: &'static TestDb<DB>) {
     let w = World::start(db, &[]).await;
     let outcome = w
         .client
@@ -90,9 +87,7 @@ test_on_all_databases!(four_sequential_steps_succeed_once_each, SCHEMAS);
 
 async fn a_refused_step_compensates_the_earlier_ones_in_reverse<DB: TestBackend>(
     db: &'static TestDb<DB>,
-) where
-    DB::Conn: 'static,
-{
+) {
     let w = World::start(db, &[]).await;
     let outcome = w
         .client
@@ -160,9 +155,7 @@ test_on_all_databases!(
 
 async fn independent_steps_overlap_and_compensate_after_their_dependent<DB: TestBackend>(
     db: &'static TestDb<DB>,
-) where
-    DB::Conn: 'static,
-{
+) {
     let w = World::start(db, &[]).await;
     for s in ["a", "b"] {
         w.faults.push(
@@ -220,10 +213,9 @@ test_on_all_databases!(
     SCHEMAS
 );
 
-async fn retried_action_and_compensation_take_effect_once<DB: TestBackend>(db: &'static TestDb<DB>)
-where
-    DB::Conn: 'static,
-{
+async fn retried_action_and_compensation_take_effect_once<DB: TestBackend>(
+    db: &'static TestDb<DB>,
+) {
     let w = World::start(db, &[]).await;
     w.faults.push(
         "s1",
@@ -264,9 +256,7 @@ test_on_all_databases!(retried_action_and_compensation_take_effect_once, SCHEMAS
 
 async fn a_compensation_that_overtakes_its_action_blocks_it<DB: TestBackend>(
     db: &'static TestDb<DB>,
-) where
-    DB::Conn: 'static,
-{
+) {
     let w = World::start(db, &[]).await;
     // The action is stuck in the network past the saga's deadline.
     w.faults.push(
@@ -310,9 +300,7 @@ test_on_all_databases!(a_compensation_that_overtakes_its_action_blocks_it, SCHEM
 
 async fn definitions_are_validated_and_idempotent_under_their_xid<DB: TestBackend>(
     db: &'static TestDb<DB>,
-) where
-    DB::Conn: 'static,
-{
+) {
     let w = World::start(db, &[]).await;
     let bank = w.bank.clone();
     let base = |xid: &str| w.client.saga().xid(xid).step(step("s1", &bank, "alice", 1));
@@ -388,10 +376,7 @@ test_on_all_databases!(
     SCHEMAS
 );
 
-async fn a_hundred_concurrent_sagas_with_random_failures<DB: TestBackend>(db: &'static TestDb<DB>)
-where
-    DB::Conn: 'static,
-{
+async fn a_hundred_concurrent_sagas_with_random_failures<DB: TestBackend>(db: &'static TestDb<DB>) {
     let w = World::start(db, &[]).await;
     let mut rng_state: u64 = 0x5eed_1234_abcd_0001;
     let mut next = || {

@@ -29,10 +29,7 @@ struct Setup<DB: TestBackend> {
     coordinator: InProcess,
 }
 
-async fn setup<DB: TestBackend>(db: &'static TestDb<DB>, how: Misroute) -> Setup<DB>
-where
-    DB::Conn: 'static,
-{
+async fn setup<DB: TestBackend>(db: &'static TestDb<DB>, how: Misroute) -> Setup<DB> {
     ledger::create_tables(&db.pool).await;
     ledger::open_account(&db.pool, "alice", START).await;
     let faults = Faults::default();
@@ -89,10 +86,7 @@ fn quick_retries(max_attempts: u32) -> RetryPolicy {
 }
 
 /// A saga step whose first two answers are lost behind a status: retried, then done once.
-async fn saga_step<DB: TestBackend>(db: &'static TestDb<DB>, how: Misroute, xid: &str)
-where
-    DB::Conn: 'static,
-{
+async fn saga_step<DB: TestBackend>(db: &'static TestDb<DB>, how: Misroute, xid: &str) {
     let s = setup(db, how).await;
     let done = s.debit_saga(xid, 2, 5).await;
     assert_eq!(done.status(), TxStatus::Succeeded, "{:?}", done.0);
@@ -104,9 +98,7 @@ where
 
 async fn a_saga_step_behind_a_404_after_its_effect_is_retried<DB: TestBackend>(
     db: &'static TestDb<DB>,
-) where
-    DB::Conn: 'static,
-{
+) {
     saga_step(db, Misroute::Http404After, "status-404-after").await;
 }
 test_on_all_databases!(
@@ -116,9 +108,7 @@ test_on_all_databases!(
 
 async fn a_saga_step_behind_a_404_before_the_participant_is_retried<DB: TestBackend>(
     db: &'static TestDb<DB>,
-) where
-    DB::Conn: 'static,
-{
+) {
     saga_step(db, Misroute::Http404Before, "status-404-before").await;
 }
 test_on_all_databases!(
@@ -128,10 +118,7 @@ test_on_all_databases!(
 
 /// Every attempt of the action runs and is answered UNIMPLEMENTED: the saga gives up on the
 /// step in doubt and compensates it, so nothing stands.
-async fn a_saga_step_given_up_in_doubt_is_compensated<DB: TestBackend>(db: &'static TestDb<DB>)
-where
-    DB::Conn: 'static,
-{
+async fn a_saga_step_given_up_in_doubt_is_compensated<DB: TestBackend>(db: &'static TestDb<DB>) {
     let xid = "status-unimplemented";
     let s = setup(db, Misroute::UnimplementedAfter).await;
     let done = s.debit_saga(xid, 3, 3).await;
@@ -150,10 +137,7 @@ test_on_all_databases!(a_saga_step_given_up_in_doubt_is_compensated, SCHEMAS);
 
 /// A Confirm answered by a misrouted proxy is retried until it lands; the transaction commits
 /// instead of parking.
-async fn a_confirm_behind_a_404_is_retried_not_parked<DB: TestBackend>(db: &'static TestDb<DB>)
-where
-    DB::Conn: 'static,
-{
+async fn a_confirm_behind_a_404_is_retried_not_parked<DB: TestBackend>(db: &'static TestDb<DB>) {
     let xid = "status-confirm";
     let s = setup(db, Misroute::Http404Before).await;
     let client = s.coordinator.client().await;

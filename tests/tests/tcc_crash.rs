@@ -24,10 +24,7 @@ const BIN: &str = env!("CARGO_BIN_EXE_test-coordinator");
 async fn bank<DB: TestBackend>(
     db: &'static TestDb<DB>,
     faults: Faults,
-) -> dtx_tests::net::RunningServer
-where
-    DB::Conn: 'static,
-{
+) -> dtx_tests::net::RunningServer {
     ledger::create_tables(&db.pool).await;
     for account in ["alice", "bob"] {
         ledger::open_account(&db.pool, account, START).await;
@@ -39,9 +36,7 @@ where
 /// process on the same database delivers them, exactly once.
 async fn killed_after_commit_a_new_process_confirms_exactly_once<DB: TestBackend>(
     db: &'static TestDb<DB>,
-) where
-    DB::Conn: 'static,
-{
+) {
     let faults = Faults::default();
     let bank = bank(db, faults.clone()).await;
     // The first Confirm deliveries hang, so the kill lands before any is applied.
@@ -109,10 +104,7 @@ test_on_all_databases!(
 
 /// Two coordinator processes on one database share 200 concurrent transactions; one is
 /// SIGKILLed midway. Every transaction ends terminal, each effect once, the ledger balances.
-async fn two_processes_one_killed_midway<DB: TestBackend>(db: &'static TestDb<DB>)
-where
-    DB::Conn: 'static,
-{
+async fn two_processes_one_killed_midway<DB: TestBackend>(db: &'static TestDb<DB>) {
     const TXS: usize = 200;
     let faults = Faults::default();
     // Confirms take a while, so the kill finds decided transactions with phase two in flight.

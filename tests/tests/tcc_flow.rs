@@ -31,10 +31,7 @@ fn transfer(bank: &str, payload: Vec<u8>) -> TccBranch {
 }
 
 /// The transaction's final state, waited for up to ten seconds.
-async fn settled<DB: TestBackend>(w: &World<DB>, xid: &str) -> Transaction
-where
-    DB::Conn: 'static,
-{
+async fn settled<DB: TestBackend>(w: &World<DB>, xid: &str) -> Transaction {
     w.client.wait(xid, Duration::from_secs(10)).await.unwrap()
 }
 
@@ -45,10 +42,7 @@ async fn deliver<DB: TestBackend>(
     branch: &str,
     action: BranchAction,
     payload: Vec<u8>,
-) -> BranchResponse
-where
-    DB::Conn: 'static,
-{
+) -> BranchResponse {
     let mut bank = ParticipantClient::connect(w.bank.clone()).await.unwrap();
     bank.branch(BranchRequest {
         xid: xid.into(),
@@ -63,10 +57,7 @@ where
     .into_inner()
 }
 
-async fn two_branches_are_confirmed_exactly_once<DB: TestBackend>(db: &'static TestDb<DB>)
-where
-    DB::Conn: 'static,
-{
+async fn two_branches_are_confirmed_exactly_once<DB: TestBackend>(db: &'static TestDb<DB>) {
     let w = World::start(db, &[]).await;
     let tx = w.client.begin(options("happy")).await.unwrap();
     let r1 = tx
@@ -99,10 +90,9 @@ where
 }
 test_on_all_databases!(two_branches_are_confirmed_exactly_once, SCHEMAS);
 
-async fn a_refused_try_rolls_back_every_registered_branch<DB: TestBackend>(db: &'static TestDb<DB>)
-where
-    DB::Conn: 'static,
-{
+async fn a_refused_try_rolls_back_every_registered_branch<DB: TestBackend>(
+    db: &'static TestDb<DB>,
+) {
     let w = World::start(db, &[]).await;
     let bank = w.bank.clone();
     let mut raw = CoordinatorClient::connect(w.coordinator.url.clone())
@@ -174,9 +164,7 @@ test_on_all_databases!(a_refused_try_rolls_back_every_registered_branch, SCHEMAS
 
 async fn confirm_is_retried_through_errors_until_it_succeeds_once<DB: TestBackend>(
     db: &'static TestDb<DB>,
-) where
-    DB::Conn: 'static,
-{
+) {
     let w = World::start(db, &[]).await;
     // b1's Confirm: the handler errors (RETRY), the call is UNAVAILABLE, then the effect is
     // applied but the response is lost; the fourth delivery is answered from the barrier.
@@ -216,9 +204,7 @@ test_on_all_databases!(
 
 async fn an_undecided_transaction_is_rolled_back_at_its_deadline<DB: TestBackend>(
     db: &'static TestDb<DB>,
-) where
-    DB::Conn: 'static,
-{
+) {
     let w = World::start(db, &[]).await;
     let tx = w
         .client
@@ -257,9 +243,7 @@ test_on_all_databases!(
 
 async fn a_refused_confirm_parks_the_transaction_until_resumed<DB: TestBackend>(
     db: &'static TestDb<DB>,
-) where
-    DB::Conn: 'static,
-{
+) {
     let w = World::start(db, &[]).await;
     w.faults.push("b1", Action::Confirm, [Fault::Refuse]);
     let tx = w.client.begin(options("parked")).await.unwrap();
@@ -300,10 +284,7 @@ test_on_all_databases!(
     SCHEMAS
 );
 
-async fn an_unknown_try_outcome_never_commits<DB: TestBackend>(db: &'static TestDb<DB>)
-where
-    DB::Conn: 'static,
-{
+async fn an_unknown_try_outcome_never_commits<DB: TestBackend>(db: &'static TestDb<DB>) {
     let w = World::start(db, &[]).await;
     // The Try is delayed past the client's call timeout: its outcome is unknown to the client.
     w.faults.push(
@@ -341,9 +322,7 @@ test_on_all_databases!(an_unknown_try_outcome_never_commits, SCHEMAS);
 /// transaction, and the Confirm's business closure never ran.
 async fn a_confirm_after_a_forced_cancel_parks_the_transaction<DB: TestBackend>(
     db: &'static TestDb<DB>,
-) where
-    DB::Conn: 'static,
-{
+) {
     let w = World::start(db, &[]).await;
     let tx = w.client.begin(options("forced")).await.unwrap();
     tx.call(transfer(&w.bank, payload("alice", 10)))
