@@ -11,7 +11,7 @@ use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
 use crate::domain::{BranchState, Decision, Kind, TxRecord, TxStatus};
-use crate::engine::{Engine, NewBranch};
+use crate::engine::{Engine, NewBranch, Operator};
 use crate::error::Error;
 
 /// The gRPC face of an [`Engine`].
@@ -84,8 +84,15 @@ fn wire_branch_status(state: BranchState) -> wire::BranchStatus {
     }
 }
 
+pub fn wire_kind(kind: Kind) -> wire::TxKind {
+    match kind {
+        Kind::Tcc => wire::TxKind::Tcc,
+        Kind::Saga => wire::TxKind::Saga,
+    }
+}
+
 /// The wire form of a transaction, with saga dependencies from its definition.
-fn wire_transaction(record: TxRecord) -> wire::Transaction {
+pub fn wire_transaction(record: TxRecord) -> wire::Transaction {
     let g = record.global;
     let deps = saga_dependencies(g.spec.as_deref());
     wire::Transaction {
@@ -104,10 +111,7 @@ fn wire_transaction(record: TxRecord) -> wire::Transaction {
             })
             .collect(),
         xid: g.xid,
-        kind: match g.kind {
-            Kind::Tcc => wire::TxKind::Tcc,
-            Kind::Saga => wire::TxKind::Saga,
-        } as i32,
+        kind: wire_kind(g.kind) as i32,
         status: wire_status(g.status) as i32,
         decision: g
             .decision
@@ -316,10 +320,14 @@ impl Coordinator for CoordinatorService {
         &self,
         request: Request<wire::ResumeRequest>,
     ) -> Result<Response<wire::Transaction>, Status> {
+        let by = Operator {
+            name: crate::admin::operator_name(&request)?,
+            reason: "Coordinator.Resume".into(),
+        };
         let req = request.into_inner();
         traced!("resume", req.xid, {
             Ok(Response::new(wire_transaction(
-                self.engine.resume(&req.xid).await?,
+                self.engine.resume(&req.xid, &by).await?,
             )))
         })
     }

@@ -9,6 +9,7 @@
 //!   for SQLite, PostgreSQL and MySQL/MariaDB;
 //! * [`domain`] - statuses, records, saga plans, backoff: pure logic, no I/O.
 
+pub mod admin;
 pub mod config;
 pub mod domain;
 pub mod engine;

@@ -7,6 +7,7 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tonic::transport::server::TcpIncoming;
 
+use crate::admin::AdminService;
 use crate::config::Config;
 use crate::engine::Engine;
 use crate::error::Result;
@@ -73,6 +74,7 @@ pub async fn run(
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(CoordinatorService::new(engine.clone()))
+        .add_service(AdminService::new(engine.clone()))
         .serve_with_incoming_shutdown(TcpIncoming::from(listener).with_nodelay(Some(true)), stop)
         .await
         .map_err(|e| crate::Error::Corrupt(format!("grpc server: {e}")))?;

@@ -93,6 +93,14 @@ pub trait Conn: Send + 'static {
         sql: String,
         args: &'a [Arg<'a>],
     ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a;
+
+    /// Like [`Conn::fetch_all`] for SQL built at run time (a query with optional filters), on
+    /// the same terms as [`Conn::execute_dynamic`].
+    fn fetch_all_dynamic<'a>(
+        &'a mut self,
+        sql: String,
+        args: &'a [Arg<'a>],
+    ) -> impl Future<Output = Result<Vec<Self::Row>, sqlx::Error>> + Send + 'a;
 }
 
 /// Rewrites `?` placeholders as `$1, $2, ...` for PostgreSQL, once per distinct statement.
@@ -215,17 +223,32 @@ macro_rules! impl_conn {
                 args: &'a [Arg<'a>],
             ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a {
                 async move {
-                    let sql = if $dialect == Dialect::Postgres {
-                        numbered_placeholders(&sql)
-                    } else {
-                        sql
-                    };
-                    let q = bind_args!(sqlx::query::<$db>(sqlx::AssertSqlSafe(sql)), args);
+                    let q = bind_args!(sqlx::query::<$db>(dynamic_sql($dialect, sql)), args);
                     Ok(q.execute(&mut *self).await?.rows_affected())
+                }
+            }
+
+            fn fetch_all_dynamic<'a>(
+                &'a mut self,
+                sql: String,
+                args: &'a [Arg<'a>],
+            ) -> impl Future<Output = Result<Vec<$row>, sqlx::Error>> + Send + 'a {
+                async move {
+                    let q = bind_args!(sqlx::query::<$db>(dynamic_sql($dialect, sql)), args);
+                    q.fetch_all(&mut *self).await
                 }
             }
         }
     };
+}
+
+/// Run-time SQL in the dialect's placeholder form.
+fn dynamic_sql(dialect: Dialect, sql: String) -> sqlx::AssertSqlSafe<String> {
+    sqlx::AssertSqlSafe(if dialect == Dialect::Postgres {
+        numbered_placeholders(&sql)
+    } else {
+        sql
+    })
 }
 
 fn unchanged(sql: &'static str) -> &'static str {

@@ -94,6 +94,45 @@ pub fn check_xid(xid: &str) -> Result<(), LimitError> {
     check_token("xid", xid, MAX_XID_LEN, id_char, "[A-Za-z0-9._:-]")
 }
 
+/// Longest operator name (`x-dtx-operator` metadata) of an admin action, in bytes.
+pub const MAX_OPERATOR_LEN: usize = 128;
+/// Longest reason of an admin action, in bytes.
+pub const MAX_REASON_LEN: usize = 512;
+/// Largest page of `Admin.ListTransactions`.
+pub const MAX_LIST_LIMIT: u32 = 500;
+/// Page size of `Admin.ListTransactions` when the request sets none.
+pub const DEFAULT_LIST_LIMIT: u32 = 50;
+
+/// An operator name: 1..=128 bytes of `[A-Za-z0-9._:@-]`.
+pub fn check_operator(field: &str, name: &str) -> Result<(), LimitError> {
+    check_token(
+        field,
+        name,
+        MAX_OPERATOR_LEN,
+        |c| id_char(c) || c == b'@',
+        "[A-Za-z0-9._:@-]",
+    )
+}
+
+/// An admin action's reason: 1..=512 bytes of text without control characters.
+pub fn check_reason(field: &str, reason: &str) -> Result<(), LimitError> {
+    if reason.trim().is_empty() {
+        return Err(LimitError(format!("{field} must not be empty: say why")));
+    }
+    if reason.len() > MAX_REASON_LEN {
+        return Err(LimitError(format!(
+            "{field} is {} bytes, longer than the limit of {MAX_REASON_LEN} bytes",
+            reason.len()
+        )));
+    }
+    if let Some(bad) = reason.chars().find(|c| c.is_control()) {
+        return Err(LimitError(format!(
+            "{field} contains the control character {bad:?}"
+        )));
+    }
+    Ok(())
+}
+
 /// A branch id or saga step name: 1..=64 bytes of `[A-Za-z0-9._:-]`.
 pub fn check_branch_id(field: &str, id: &str) -> Result<(), LimitError> {
     check_token(field, id, MAX_BRANCH_ID_LEN, id_char, "[A-Za-z0-9._:-]")

@@ -60,6 +60,7 @@ fn decide(xid: &str, decision: Decision, fence: i64) -> Decide {
         owner: "me".into(),
         fence,
         due_ms: now_ms() + 60_000,
+        history: Vec::new(),
     }
 }
 
@@ -75,6 +76,7 @@ fn progress(xid: &str, fence: i64, from: TxStatus, to: TxStatus) -> Progress {
         due_ms: None,
         last_error: None,
         branches: Vec::new(),
+        history: Vec::new(),
     }
 }
 

@@ -22,6 +22,7 @@ use super::graph::{
     Graph, forward_complete, saga_needs_compensation, take_over_forward, tcc_needs_settling,
     turn_to_compensation,
 };
+use super::history::{Entry, Event};
 use super::{BranchRow, BranchState, Decision, Kind, TxRecord, TxStatus};
 use crate::error::{Error, Result};
 
@@ -106,6 +107,8 @@ pub struct Job {
     pub steps: Vec<StepRun>,
     /// Why the forward phase is turning to compensation, once it is.
     turn: Option<String>,
+    /// History entries since the last durable write (see [`Job::take_history`]).
+    history: Vec<Entry>,
 }
 
 /// What the driver does next.
@@ -146,7 +149,14 @@ impl Job {
             graph,
             steps,
             turn: None,
+            history: Vec::new(),
         }
+    }
+
+    /// The history entries of calls and state changes since the last call, for the next
+    /// durable write to record.
+    pub fn take_history(&mut self) -> Vec<Entry> {
+        std::mem::take(&mut self.history)
     }
 
     /// Prepares a job read back from the store by recovery: in the forward phase every step
@@ -247,6 +257,12 @@ impl Job {
             let attempts = step.row.attempts.clamp(1, i64::from(u32::MAX)) as u32;
             now_ms + step.policy.backoff(attempts, jitter).as_millis() as i64
         };
+        let (event, detail) = match &outcome {
+            CallOutcome::Success(_) => (Event::Branch, None),
+            CallOutcome::Failure(m) | CallOutcome::NotSent(m) => (Event::AttemptFailed, Some(m)),
+            CallOutcome::Unknown(m) => (Event::AttemptUnknown, Some(m)),
+        };
+        let detail = detail.cloned();
         let turn = match (phase, outcome) {
             (Phase::Forward, CallOutcome::Success(result)) => {
                 step.row.state = BranchState::Done;
@@ -291,17 +307,40 @@ impl Job {
                 None
             }
         };
+        let entry = Entry::branch(now_ms, event, &name, step.row.state, step.row.attempts);
+        self.history.push(match detail {
+            Some(detail) => entry.detail(detail),
+            None => entry,
+        });
         if let Some(reason) = turn {
             self.turn.get_or_insert(reason);
         }
     }
 
+    /// Operator's RetryNow: every step waiting in backoff may start at once. Records `entry`
+    /// if there was one; returns how many.
+    pub fn retry_now(&mut self, entry: Entry) -> usize {
+        let mut waiting = 0;
+        for step in self.steps.iter_mut().filter(|s| !s.in_flight) {
+            waiting += usize::from(step.next_at_ms.take().is_some());
+        }
+        if waiting > 0 {
+            self.history.push(entry);
+        }
+        waiting
+    }
+
     /// Turns the forward phase to compensation (in memory; the caller writes it): every step
     /// that may have run is to be compensated, no retry is pending.
-    pub fn turn_to_compensation(&mut self) {
+    pub fn turn_to_compensation(&mut self, now_ms: i64) {
         let mut states = self.states();
         turn_to_compensation(&mut states);
         for (step, state) in self.steps.iter_mut().zip(states) {
+            if step.row.state != state {
+                let row = &step.row;
+                let entry = Entry::branch(now_ms, Event::Branch, &row.branch_id, state, 0);
+                self.history.push(entry);
+            }
             step.row.state = state;
             step.next_at_ms = None;
         }
@@ -483,7 +522,7 @@ mod tests {
                 Next::Turn(_) => {
                     prop_assert!(in_flight.is_empty(), "turned with calls in flight");
                     prop_assert_eq!(job.phase, Phase::Forward, "only the forward phase turns");
-                    job.turn_to_compensation();
+                    job.turn_to_compensation(now);
                     turned = true;
                 }
                 end @ (Next::Settle(_) | Next::Park(_) | Next::HandOff(_)) => {

@@ -4,6 +4,7 @@
 
 pub mod backoff;
 pub mod graph;
+pub mod history;
 pub mod job;
 pub mod record;
 pub mod saga;

@@ -21,6 +21,7 @@ use tokio::time::Instant;
 
 use super::participants::Call;
 use super::{Active, Inner};
+use crate::domain::history::{Entry, Event};
 use crate::domain::job::{CallOutcome, Job, Next, Phase};
 use crate::domain::{Decision, TxStatus};
 use crate::store::{Progress, Progressed};
@@ -59,8 +60,17 @@ pub enum Ended {
 
 type Pending = FuturesUnordered<BoxFuture<'static, (usize, CallOutcome)>>;
 
+/// Operators' RetryNow requests (see [`Active::nudge`]).
+pub type Nudges =
+    tokio::sync::mpsc::UnboundedReceiver<(Entry, tokio::sync::oneshot::Sender<usize>)>;
+
 /// Drives `job` until it settles, is handed off, or ownership is lost.
-pub async fn drive(inner: Arc<Inner>, mut job: Job, active: Arc<Active>) -> Ended {
+pub async fn drive(
+    inner: Arc<Inner>,
+    mut job: Job,
+    active: Arc<Active>,
+    mut nudges: Nudges,
+) -> Ended {
     let lease = inner.config.lease;
     let handoff_after_ms = inner.config.handoff_after.as_millis() as i64;
     let mut renew_at = Instant::now() + lease / 3;
@@ -83,14 +93,14 @@ pub async fn drive(inner: Arc<Inner>, mut job: Job, active: Arc<Active>) -> Ende
                 publish(&active, &job, Some(&reason));
                 continue;
             }
-            Next::Settle(to) => return settle(&inner, &job, &active, to, None).await,
+            Next::Settle(to) => return settle(&inner, &mut job, &active, to, None).await,
             Next::Park(reason) => {
                 inner.metrics.parked();
                 tracing::error!(xid = %job.xid, %reason, "transaction needs attention");
                 let to = TxStatus::NeedsAttention;
-                return settle(&inner, &job, &active, to, Some(reason)).await;
+                return settle(&inner, &mut job, &active, to, Some(reason)).await;
             }
-            Next::HandOff(due_ms) => return hand_off(&inner, &job, &active, due_ms).await,
+            Next::HandOff(due_ms) => return hand_off(&inner, &mut job, &active, due_ms).await,
             Next::Sleep(until_ms) => until_ms,
         };
         let wake = until_ms.map_or(renew_at, |t| {
@@ -102,6 +112,9 @@ pub async fn drive(inner: Arc<Inner>, mut job: Job, active: Arc<Active>) -> Ende
                 job.record(i, outcome, inner.now_ms(), rand::random());
                 publish(&active, &job, None);
             }
+            Some((entry, reply)) = nudges.recv() => {
+                reply.send(job.retry_now(entry)).ok();
+            }
             _ = tokio::time::sleep_until(wake) => {}
             _ = shutdown.changed() => {
                 // Let in-flight calls finish (bounded by their timeouts) so their outcome is
@@ -109,13 +122,14 @@ pub async fn drive(inner: Arc<Inner>, mut job: Job, active: Arc<Active>) -> Ende
                 while let Some((i, outcome)) = calls.next().await {
                     job.record(i, outcome, inner.now_ms(), rand::random());
                 }
-                return hand_off(&inner, &job, &active, inner.now_ms()).await;
+                return hand_off(&inner, &mut job, &active, inner.now_ms()).await;
             }
         }
         if Instant::now() >= renew_at {
+            let status = job.phase.status();
             let progress = inner.progress(
-                &job,
-                job.phase.status(),
+                &mut job,
+                status,
                 Some(inner.config.instance.clone()),
                 Some(inner.now_ms() + lease.as_millis() as i64),
                 None,
@@ -131,7 +145,7 @@ pub async fn drive(inner: Arc<Inner>, mut job: Job, active: Arc<Active>) -> Ende
 /// RUNNING -> COMPENSATING, durably, before any compensation is sent; false if ownership is
 /// lost.
 async fn turn_to_compensation_durably(inner: &Inner, job: &mut Job, reason: &str) -> bool {
-    job.turn_to_compensation();
+    job.turn_to_compensation(inner.now_ms());
     let due = inner.now_ms() + inner.config.lease.as_millis() as i64;
     let mut progress = inner.progress(
         job,
@@ -140,7 +154,12 @@ async fn turn_to_compensation_durably(inner: &Inner, job: &mut Job, reason: &str
         Some(due),
         Some(reason.to_string()),
     );
+    // The job is already in its compensation phase: the status change is the turn's own.
     progress.from = TxStatus::Running;
+    let turned = Entry::tx(inner.now_ms(), Event::Status, Some(TxStatus::Compensating));
+    progress
+        .history
+        .push(turned.detail(reason).by(inner.config.instance.as_str()));
     if !inner.write_fenced(progress).await {
         return false;
     }
@@ -156,7 +175,7 @@ async fn turn_to_compensation_durably(inner: &Inner, job: &mut Job, reason: &str
 /// then a recovery past the deadline would compensate it instead.
 async fn settle(
     inner: &Inner,
-    job: &Job,
+    job: &mut Job,
     active: &Active,
     to: TxStatus,
     reason: Option<String>,
@@ -185,7 +204,7 @@ async fn settle(
 }
 
 /// Records progress and releases ownership; recovery continues at `due_ms`.
-async fn hand_off(inner: &Inner, job: &Job, active: &Active, due_ms: i64) -> Ended {
+async fn hand_off(inner: &Inner, job: &mut Job, active: &Active, due_ms: i64) -> Ended {
     let progress = inner.progress(job, job.phase.status(), None, Some(due_ms), None);
     if !inner.write_fenced(progress).await {
         return Ended::Lost;
@@ -206,10 +225,11 @@ fn publish(active: &Active, job: &Job, last_error: Option<&str>) {
 }
 
 impl Inner {
-    /// A fenced progress write for `job`, moving it to `to`.
+    /// A fenced progress write for `job`, moving it to `to`, with the job's history since its
+    /// last write and the status change (if any), by this instance.
     pub(super) fn progress(
         &self,
-        job: &Job,
+        job: &mut Job,
         to: TxStatus,
         owner: Option<String>,
         due_ms: Option<i64>,
@@ -219,6 +239,20 @@ impl Inner {
             Phase::Settle(d) => Some(d),
             Phase::Forward => None,
         });
+        let from = job.phase.status();
+        let mut history = job.take_history();
+        if from != to {
+            let entry = Entry::tx(self.now_ms(), Event::Status, Some(to));
+            history.push(match &last_error {
+                Some(reason) => entry.detail(reason.as_str()),
+                None => entry,
+            });
+        }
+        for entry in &mut history {
+            entry
+                .actor
+                .get_or_insert_with(|| self.config.instance.clone());
+        }
         Progress {
             xid: job.xid.clone(),
             fence: job.fence,
@@ -230,6 +264,7 @@ impl Inner {
             due_ms,
             last_error,
             branches: job.rows(),
+            history,
         }
     }
 

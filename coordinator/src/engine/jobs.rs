@@ -9,7 +9,7 @@ use std::time::Duration;
 use dtx_proto::limits;
 use dtx_proto::v1::SubmitSagaRequest;
 use prost::Message;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tracing::Instrument;
 
 use super::{Active, Engine, View, driver};
@@ -112,6 +112,7 @@ impl Engine {
     /// Runs a driver for `job` in the background, visible to Get/Wait while it runs.
     pub(super) fn spawn(&self, job: Job, global: GlobalRow) {
         let xid = job.xid.clone();
+        let (nudge, nudges) = mpsc::unbounded_channel();
         let active = Arc::new(Active {
             global,
             view: watch::channel(View {
@@ -121,6 +122,7 @@ impl Engine {
                 ended: None,
             })
             .0,
+            nudge,
         });
         self.inner
             .active
@@ -132,7 +134,7 @@ impl Engine {
         let span = tracing::info_span!("tx", xid = %xid, kind = %job.kind);
         tokio::spawn(
             async move {
-                let ended = driver::drive(inner.clone(), job, active.clone()).await;
+                let ended = driver::drive(inner.clone(), job, active.clone(), nudges).await;
                 tracing::debug!(?ended, "driver ended");
                 active.view.send_modify(|v| v.ended = Some(ended));
                 let mut map = inner.active.lock().expect("active lock");

@@ -23,14 +23,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::watch;
+use tokio::sync::{Notify, mpsc, oneshot, watch};
 
+use crate::domain::history::{Entry, Event};
 use crate::domain::{BranchRow, GlobalRow, TxRecord, TxStatus};
 use crate::store::Store;
 
 pub use crate::domain::job::CallOutcome;
 pub use driver::Ended;
 pub use metrics::Metrics;
+pub use operator::{Acted, Described, Operator};
 pub use participants::Participants;
 pub use tcc::NewBranch;
 
@@ -90,6 +92,9 @@ pub struct Active {
     /// The transaction's row as the driver started with it (status and progress are in `view`).
     pub global: GlobalRow,
     pub view: watch::Sender<View>,
+    /// Operator's RetryNow: the driver retries every step in backoff, records the entry if
+    /// there was one, and answers how many it retried.
+    pub nudge: mpsc::UnboundedSender<(Entry, oneshot::Sender<usize>)>,
 }
 
 impl Active {
@@ -100,8 +105,15 @@ impl Active {
         if view.ended.is_some() && !view.status.is_settled() {
             return None;
         }
+        // Settled means released: nobody drives it and recovery has nothing due.
+        let (owner, due_ms) = match view.status.is_settled() {
+            true => (None, None),
+            false => (self.global.owner.clone(), self.global.due_ms),
+        };
         Some(TxRecord {
             global: GlobalRow {
+                owner,
+                due_ms,
                 status: view.status,
                 decision: view.status.implied_decision().or(self.global.decision),
                 last_error: view
@@ -125,6 +137,8 @@ pub struct Inner {
     shutdown: watch::Sender<bool>,
     drivers: AtomicU64,
     seq: AtomicU64,
+    /// Wakes recovery before its next poll (a retry made due now).
+    wake_recovery: Notify,
 }
 
 impl Inner {
@@ -132,6 +146,13 @@ impl Inner {
     /// and deadlines on.
     fn now_ms(&self) -> i64 {
         self.store.clock().now_ms()
+    }
+
+    /// The history entry of a decision by this instance.
+    fn decided(&self, status: TxStatus, why: &str) -> Entry {
+        Entry::tx(self.now_ms(), Event::Decided, Some(status))
+            .detail(why)
+            .by(self.config.instance.as_str())
     }
 
     /// Exports the local clock's offset from the database's; with `warn`, logs it when it is
@@ -194,6 +215,7 @@ impl Engine {
                 shutdown,
                 drivers: AtomicU64::new(0),
                 seq: AtomicU64::new(0),
+                wake_recovery: Notify::new(),
             }),
         }
     }

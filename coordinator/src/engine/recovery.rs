@@ -13,6 +13,8 @@ use crate::domain::{Decision, Kind, TxRecord, TxStatus};
 use crate::error::Result;
 use crate::store::{Progress, Progressed};
 
+const DEADLINE: &str = "deadline passed before a decision";
+
 pub(super) async fn run(engine: Engine) {
     let config = engine.inner.config.clone();
     let mut shutdown = engine.inner.shutdown.subscribe();
@@ -56,6 +58,7 @@ pub(super) async fn run(engine: Engine) {
         let jitter = config.poll_interval.mul_f64(rand::random::<f64>() * 0.2);
         tokio::select! {
             _ = tokio::time::sleep(config.poll_interval + jitter) => {}
+            _ = engine.inner.wake_recovery.notified() => {}
             _ = shutdown.changed() => return,
         }
     }
@@ -78,8 +81,9 @@ async fn take_over(engine: &Engine, mut record: TxRecord) -> Result<()> {
                 decision: Some(Decision::Rollback),
                 owner: Some(engine.inner.config.instance.clone()),
                 due_ms: Some(engine.inner.now_ms() + engine.inner.config.lease.as_millis() as i64),
-                last_error: Some("deadline passed before a decision".into()),
+                last_error: Some(DEADLINE.into()),
                 branches: Vec::new(),
+                history: vec![engine.inner.decided(TxStatus::RollingBack, DEADLINE)],
             };
             if engine.inner.store.progress(progress).await? != Progressed::Applied {
                 return Ok(()); // a client's Rollback won the race; its driver runs it

@@ -8,6 +8,7 @@ use std::time::Duration;
 use dtx_proto::limits;
 
 use super::Engine;
+use crate::domain::history::Entry;
 use crate::domain::job::Phase;
 use crate::domain::tcc::{Undecided, refused_registration, unapplied_decision};
 use crate::domain::{BranchRow, Decision, GlobalRow, Kind, TxRecord, TxStatus};
@@ -137,6 +138,24 @@ impl Engine {
         wait: Option<Duration>,
     ) -> Result<TxStatus> {
         limits::check_xid(&xid)?;
+        let why = format!("{decision} asked by the initiator");
+        let status = Phase::Settle(decision).status();
+        let entry = self.inner.decided(status, &why);
+        let status = self.decide_with(xid.clone(), decision, entry).await?;
+        match wait {
+            Some(wait) => Ok(self.wait(&xid, wait).await?.global.status),
+            None => Ok(status),
+        }
+    }
+
+    /// Records `decision` with its history entry and drives phase two; returns the status the
+    /// transaction is in (an identical repeat answers the current one).
+    pub(super) async fn decide_with(
+        &self,
+        xid: String,
+        decision: Decision,
+        entry: Entry,
+    ) -> Result<TxStatus> {
         if self.is_shutting_down() {
             return Err(Error::ShuttingDown);
         }
@@ -151,9 +170,10 @@ impl Engine {
                 owner: self.inner.config.instance.clone(),
                 fence,
                 due_ms,
+                history: vec![entry],
             })
             .await?;
-        let status = match written {
+        Ok(match written {
             Decided::Claimed { global, branches } => {
                 let phase = Phase::Settle(decision);
                 let record = TxRecord { global, branches };
@@ -165,8 +185,10 @@ impl Engine {
             Decided::Exists(row) => match unapplied_decision(decision, &row)? {
                 Undecided::Repeat(status) => status,
                 Undecided::Late => {
-                    let status =
-                        Box::pin(self.decide(xid.clone(), Decision::Rollback, None)).await?;
+                    let why = "rollback: the deadline passed before Commit";
+                    let entry = self.inner.decided(TxStatus::RollingBack, why);
+                    let late = self.decide_with(xid.clone(), Decision::Rollback, entry);
+                    let status = Box::pin(late).await?;
                     return Err(Error::Decided {
                         message: format!(
                             "transaction {xid:?} passed its deadline before Commit and is rolled back"
@@ -175,10 +197,6 @@ impl Engine {
                     });
                 }
             },
-        };
-        match wait {
-            Some(wait) => Ok(self.wait(&xid, wait).await?.global.status),
-            None => Ok(status),
-        }
+        })
     }
 }

@@ -17,7 +17,8 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 
-use crate::domain::{BranchRow, Decision, GlobalRow, TxRecord, TxStatus};
+use crate::domain::history::Entry;
+use crate::domain::{BranchRow, Decision, GlobalRow, Kind, TxRecord, TxStatus};
 use crate::error::{Error, Result};
 
 pub use clock::DbClock;
@@ -57,6 +58,8 @@ pub struct Decide {
     pub owner: String,
     pub fence: i64,
     pub due_ms: i64,
+    /// Recorded with the decision (who decided and why).
+    pub history: Vec<Entry>,
 }
 
 /// A fenced change of a transaction's status, ownership and branch progress by its driver.
@@ -81,6 +84,8 @@ pub struct Progress {
     pub last_error: Option<String>,
     /// Branch states to record (inserted for saga steps seen the first time).
     pub branches: Vec<BranchRow>,
+    /// History entries recorded with the change.
+    pub history: Vec<Entry>,
 }
 
 /// What [`Store::begin_tcc`] and [`Store::submit_saga`] did.
@@ -131,6 +136,30 @@ pub enum Progressed {
     Fenced,
 }
 
+/// Which transactions [`Store::list`] returns, newest first (by `created_ms`, then xid).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ListQuery {
+    /// Any of these; empty = every status.
+    pub statuses: Vec<TxStatus>,
+    pub kind: Option<Kind>,
+    /// Only xids starting with this (validated against the xid charset, so it holds no `%`).
+    pub xid_prefix: Option<String>,
+    /// Inclusive bounds on `created_ms` and `updated_ms`.
+    pub created: (Option<i64>, Option<i64>),
+    pub updated: (Option<i64>, Option<i64>),
+    /// Strictly after this `(created_ms, xid)` in the listing order (the previous page's last).
+    pub after: Option<(i64, String)>,
+    pub limit: i64,
+}
+
+/// Counts for operators: every (kind, status) present, and the oldest open transaction.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Tally {
+    pub counts: Vec<(Kind, TxStatus, u64)>,
+    /// `created_ms` of the oldest transaction that is not terminal.
+    pub oldest_open_created_ms: Option<i64>,
+}
+
 /// Counters of the store's own work, for benchmarks and metrics.
 #[derive(Debug, Default)]
 pub struct StoreStats {
@@ -179,6 +208,15 @@ pub trait Store: Send + Sync + 'static {
     /// Deletes settled-terminal transactions last updated before `before_ms`, at most `batch`
     /// per round, until none is left. Returns how many transactions were deleted.
     fn purge_finished(&self, before_ms: i64, batch: i64) -> BoxFuture<'_, Result<u64>>;
+
+    /// Transactions matching `query`, newest first, at most `query.limit` (without branches).
+    fn list<'a>(&'a self, query: &'a ListQuery) -> BoxFuture<'a, Result<Vec<GlobalRow>>>;
+
+    /// A transaction's history, oldest first.
+    fn history<'a>(&'a self, xid: &'a str) -> BoxFuture<'a, Result<Vec<Entry>>>;
+
+    /// Counts by kind and status, and the oldest open transaction.
+    fn tally(&self) -> BoxFuture<'_, Result<Tally>>;
 
     /// How many transactions are parked in NEEDS_ATTENTION, across every instance (the gauge
     /// operators alert on).

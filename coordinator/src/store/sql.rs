@@ -11,9 +11,10 @@ use futures::future::BoxFuture;
 use super::clock::{DB_NOW_MS, DbClock};
 use super::writer::Writer;
 use super::{
-    BeginTcc, Created, Decide, Decided, Progress, Progressed, RegisterBranch, Registered, Store,
-    StoreOptions, StoreStats, SubmitSaga,
+    BeginTcc, Created, Decide, Decided, ListQuery, Progress, Progressed, RegisterBranch,
+    Registered, Store, StoreOptions, StoreStats, SubmitSaga, Tally,
 };
+use crate::domain::history::{Entry, Event};
 use crate::domain::record::{decode_headers, encode_headers};
 use crate::domain::{BranchRow, BranchState, Decision, GlobalRow, Kind, TxRecord, TxStatus};
 use crate::error::{Error, Result};
@@ -74,14 +75,15 @@ const PROGRESS: &str = "UPDATE dtx_global SET status = ?, decision = ?, \
      owner = ?, fence = ?, due_ms = ?, last_error = COALESCE(?, last_error), updated_ms = ? \
      WHERE xid = ? AND fence = ? AND status = ? AND (decision IS NULL OR decision = ?)";
 
-/// Rows whose recovery time passed. Other claimers skip the rows this one locked.
+/// Rows whose recovery time passed, with their previous owner. Other claimers skip the rows
+/// this one locked.
 const DUE: Sql = Sql {
-    postgres: "SELECT xid FROM dtx_global WHERE due_ms <= ? ORDER BY due_ms LIMIT ? \
+    postgres: "SELECT xid, owner FROM dtx_global WHERE due_ms <= ? ORDER BY due_ms LIMIT ? \
                FOR UPDATE SKIP LOCKED",
-    mysql: "SELECT xid FROM dtx_global WHERE due_ms <= ? ORDER BY due_ms LIMIT ? \
+    mysql: "SELECT xid, owner FROM dtx_global WHERE due_ms <= ? ORDER BY due_ms LIMIT ? \
             FOR UPDATE SKIP LOCKED",
     // SQLite has one writer at a time: BEGIN IMMEDIATE already excludes other claimers.
-    sqlite: "SELECT xid FROM dtx_global WHERE due_ms <= ? ORDER BY due_ms LIMIT ?",
+    sqlite: "SELECT xid, owner FROM dtx_global WHERE due_ms <= ? ORDER BY due_ms LIMIT ?",
 };
 
 const ANY_DUE: &str = "SELECT xid FROM dtx_global WHERE due_ms <= ? LIMIT 1";
@@ -90,6 +92,18 @@ const CLAIM: &str = "UPDATE dtx_global SET owner = ?, fence = ?, due_ms = ?, upd
      WHERE xid = ? AND due_ms <= ?";
 
 const PARKED: &str = "SELECT COUNT(*) FROM dtx_global WHERE status = 'NEEDS_ATTENTION'";
+
+const SELECT_HISTORY: &str = "SELECT at_ms, event, branch_id, status, attempt, detail, actor \
+     FROM dtx_history WHERE xid = ? ORDER BY id";
+
+/// Columns of [`SELECT_GLOBAL`] without its `WHERE`: the start of every listing.
+const LIST_GLOBAL: &str = "SELECT xid, kind, status, decision, timeout_ms, deadline_ms, NULL, \
+     branch_count, owner, fence, due_ms, last_error, created_ms, updated_ms FROM dtx_global";
+
+const TALLY: &str = "SELECT kind, status, COUNT(*) FROM dtx_global GROUP BY kind, status";
+
+/// The oldest row of one status: one step down the (status, created_ms) index.
+const OLDEST_OF_STATUS: &str = "SELECT MIN(created_ms) FROM dtx_global WHERE status = ?";
 
 const FINISHED: &str = "SELECT xid FROM dtx_global WHERE status IN \
      ('COMMITTED', 'ROLLED_BACK', 'SUCCEEDED', 'COMPENSATED') AND updated_ms < ? LIMIT ?";
@@ -175,6 +189,7 @@ impl<DB: Backend> SqlStore<DB> {
             .fetch_all(DUE.pick(<DB::Conn as Conn>::DIALECT), args![now, limit])
             .await?;
         let mut claimed = Vec::with_capacity(rows.len());
+        let mut history = Vec::with_capacity(rows.len());
         for row in rows {
             let xid = row.text(0)?;
             let fence = new_fence();
@@ -182,9 +197,18 @@ impl<DB: Backend> SqlStore<DB> {
                 .execute(CLAIM, args![owner, fence, due_ms, now, xid.as_str(), now])
                 .await?;
             if n == 1 {
+                let detail = match row.opt_text(1)? {
+                    Some(previous) => format!("lease of {previous} expired"),
+                    None => "due".to_string(),
+                };
+                let entry = Entry::tx(now, Event::Takeover, None)
+                    .detail(detail)
+                    .by(owner);
+                history.push((xid.clone(), entry));
                 claimed.push(xid);
             }
         }
+        insert_history(conn, &history).await?;
         tx.commit().await?;
         self.stats.commits.fetch_add(1, Ordering::Relaxed);
         let mut records = Vec::with_capacity(claimed.len());
@@ -194,6 +218,55 @@ impl<DB: Backend> SqlStore<DB> {
             }
         }
         Ok(records)
+    }
+
+    /// One index walk per status asked for (or one over all), each bounded by the page size,
+    /// merged newest first.
+    async fn list_rows(&self, q: &ListQuery) -> Result<Vec<GlobalRow>> {
+        let mut conn = self.pool.acquire().await?;
+        let conn = DB::pooled(&mut conn);
+        let mut statuses: Vec<Option<TxStatus>> = q.statuses.iter().copied().map(Some).collect();
+        statuses.sort_by_key(|s| s.map(TxStatus::as_str));
+        statuses.dedup();
+        if statuses.is_empty() {
+            statuses.push(None);
+        }
+        let pattern = q.xid_prefix.as_ref().map(|p| format!("{p}%"));
+        let mut rows = Vec::new();
+        for status in statuses {
+            let (sql, list) = list_statement(<DB::Conn as Conn>::DIALECT, q, status, &pattern);
+            for row in conn.fetch_all_dynamic(sql, &list).await? {
+                rows.push(global_from_row(&row)?);
+            }
+        }
+        rows.sort_by(|a, b| (b.created_ms, &b.xid).cmp(&(a.created_ms, &a.xid)));
+        rows.truncate(q.limit.max(0) as usize);
+        Ok(rows)
+    }
+
+    async fn tally_rows(&self) -> Result<Tally> {
+        let mut conn = self.pool.acquire().await?;
+        let conn = DB::pooled(&mut conn);
+        let mut tally = Tally::default();
+        for row in conn.fetch_all(TALLY, &[]).await? {
+            let (kind, status) = (row.text(0)?, row.text(1)?);
+            tally.counts.push((
+                Kind::parse(&kind).ok_or_else(|| corrupt("kind", &kind))?,
+                TxStatus::parse(&status).ok_or_else(|| corrupt("status", &status))?,
+                row.i64(2)?.max(0) as u64,
+            ));
+        }
+        for status in TxStatus::ALL.iter().filter(|s| !s.is_terminal()) {
+            if let Some(row) = conn
+                .fetch_optional(OLDEST_OF_STATUS, args![status.as_str()])
+                .await?
+                && let Some(created) = row.opt_i64(0)?
+            {
+                let oldest = tally.oldest_open_created_ms.get_or_insert(created);
+                *oldest = (*oldest).min(created);
+            }
+        }
+        Ok(tally)
     }
 
     async fn purge(&self, before_ms: i64, batch: i64) -> Result<u64> {
@@ -208,11 +281,13 @@ impl<DB: Backend> SqlStore<DB> {
             if !xids.is_empty() {
                 let marks = vec!["?"; xids.len()].join(", ");
                 let list: Vec<Arg<'_>> = xids.iter().map(Arg::from).collect();
-                conn.execute_dynamic(
-                    format!("DELETE FROM dtx_branch WHERE xid IN ({marks})"),
-                    &list,
-                )
-                .await?;
+                for table in ["dtx_history", "dtx_branch"] {
+                    conn.execute_dynamic(
+                        format!("DELETE FROM {table} WHERE xid IN ({marks})"),
+                        &list,
+                    )
+                    .await?;
+                }
                 conn.execute_dynamic(
                     format!("DELETE FROM dtx_global WHERE xid IN ({marks})"),
                     &list,
@@ -264,6 +339,24 @@ impl<DB: Backend> Store for SqlStore<DB> {
         Box::pin(self.purge(before_ms, batch.max(1)))
     }
 
+    fn list<'a>(&'a self, query: &'a ListQuery) -> BoxFuture<'a, Result<Vec<GlobalRow>>> {
+        Box::pin(self.list_rows(query))
+    }
+
+    fn history<'a>(&'a self, xid: &'a str) -> BoxFuture<'a, Result<Vec<Entry>>> {
+        Box::pin(async move {
+            let mut conn = self.pool.acquire().await?;
+            let rows = DB::pooled(&mut conn)
+                .fetch_all(SELECT_HISTORY, args![xid])
+                .await?;
+            rows.iter().map(entry_from_row).collect()
+        })
+    }
+
+    fn tally(&self) -> BoxFuture<'_, Result<Tally>> {
+        Box::pin(self.tally_rows())
+    }
+
     fn count_parked(&self) -> BoxFuture<'_, Result<u64>> {
         Box::pin(async move {
             let mut conn = self.pool.acquire().await?;
@@ -290,7 +383,11 @@ pub(crate) fn new_fence() -> i64 {
     rand::random::<i64>() & i64::MAX
 }
 
+/// History entries of a batch, each with its xid, inserted before the batch commits.
+pub(super) type History = Vec<(String, Entry)>;
+
 /// A write the writer applies inside a batch's open transaction; `now` is the database's time.
+/// It adds the history entries of what it changed to `history`.
 pub(super) trait Apply: Send + 'static {
     type Outcome: Send + 'static;
 
@@ -301,6 +398,7 @@ pub(super) trait Apply: Send + 'static {
         &self,
         conn: &mut C,
         now: i64,
+        history: &mut History,
     ) -> impl Future<Output = Result<Self::Outcome>> + Send;
 }
 
@@ -311,10 +409,15 @@ impl Apply for BeginTcc {
         &self.xid
     }
 
-    async fn apply<C: Conn>(&self, conn: &mut C, now: i64) -> Result<Created> {
+    async fn apply<C: Conn>(
+        &self,
+        conn: &mut C,
+        now: i64,
+        history: &mut History,
+    ) -> Result<Created> {
         let inserted =
             begin_tcc(conn, &self.xid, self.timeout_ms, self.deadline_ms, now, 0).await?;
-        created_unless_exists(conn, &self.xid, inserted).await
+        created_unless_exists(conn, &self.xid, inserted, now, TxStatus::Trying, history).await
     }
 }
 
@@ -325,7 +428,12 @@ impl Apply for SubmitSaga {
         &self.global.xid
     }
 
-    async fn apply<C: Conn>(&self, conn: &mut C, now: i64) -> Result<Created> {
+    async fn apply<C: Conn>(
+        &self,
+        conn: &mut C,
+        now: i64,
+        history: &mut History,
+    ) -> Result<Created> {
         let g = &self.global;
         let inserted = conn
             .execute(
@@ -347,7 +455,7 @@ impl Apply for SubmitSaga {
                 ],
             )
             .await?;
-        created_unless_exists(conn, &g.xid, inserted).await
+        created_unless_exists(conn, &g.xid, inserted, now, g.status, history).await
     }
 }
 
@@ -358,7 +466,12 @@ impl Apply for RegisterBranch {
         &self.xid
     }
 
-    async fn apply<C: Conn>(&self, conn: &mut C, now: i64) -> Result<Registered> {
+    async fn apply<C: Conn>(
+        &self,
+        conn: &mut C,
+        now: i64,
+        history: &mut History,
+    ) -> Result<Registered> {
         let (xid, b) = (self.xid.as_str(), &self.branch);
         // A branch that may begin its transaction is usually the first: insert the
         // transaction with this branch already counted (one statement, not three); if it
@@ -394,6 +507,13 @@ impl Apply for RegisterBranch {
                 )
                 .await?;
             if inserted == 1 {
+                if begun {
+                    let created = Entry::tx(now, Event::Created, Some(TxStatus::Trying));
+                    history.push((xid.to_string(), created));
+                }
+                let registered = Entry::branch(now, Event::Registered, &b.branch_id, b.state, 0)
+                    .detail(format!("{} at {}", b.handler, b.target));
+                history.push((xid.to_string(), registered));
                 return Ok(Registered::Added { begun });
             }
             conn.execute(UNCOUNT_BRANCH, args![xid]).await?;
@@ -413,7 +533,12 @@ impl Apply for Decide {
         &self.xid
     }
 
-    async fn apply<C: Conn>(&self, conn: &mut C, now: i64) -> Result<Decided> {
+    async fn apply<C: Conn>(
+        &self,
+        conn: &mut C,
+        now: i64,
+        history: &mut History,
+    ) -> Result<Decided> {
         let (xid, owner) = (self.xid.as_str(), self.owner.as_str());
         let n = match self.decision {
             // Commit only before the deadline; Rollback whatever the deadline.
@@ -436,6 +561,7 @@ impl Apply for Decide {
             let TxRecord { global, branches } = read_tcc_record(conn, xid)
                 .await?
                 .ok_or_else(|| Error::Corrupt(format!("{xid} vanished while deciding")))?;
+            record(history, xid, &self.history);
             return Ok(Decided::Claimed { global, branches });
         }
         Ok(match read_global(conn, xid).await? {
@@ -452,8 +578,17 @@ impl Apply for Progress {
         &self.xid
     }
 
-    async fn apply<C: Conn>(&self, conn: &mut C, now: i64) -> Result<Progressed> {
-        progress(conn, self, now).await
+    async fn apply<C: Conn>(
+        &self,
+        conn: &mut C,
+        now: i64,
+        history: &mut History,
+    ) -> Result<Progressed> {
+        let progressed = progress(conn, self, now).await?;
+        if progressed == Progressed::Applied {
+            record(history, &self.xid, &self.history);
+        }
+        Ok(progressed)
     }
 }
 
@@ -489,9 +624,21 @@ async fn begin_tcc<C: Conn>(
         .await?)
 }
 
-/// `Inserted`, or the row that was there before the insert was ignored.
-async fn created_unless_exists<C: Conn>(conn: &mut C, xid: &str, inserted: u64) -> Result<Created> {
+/// `Inserted` (recorded in the history as created in `status`), or the row that was there
+/// before the insert was ignored.
+async fn created_unless_exists<C: Conn>(
+    conn: &mut C,
+    xid: &str,
+    inserted: u64,
+    now: i64,
+    status: TxStatus,
+    history: &mut History,
+) -> Result<Created> {
     if inserted == 1 {
+        history.push((
+            xid.to_string(),
+            Entry::tx(now, Event::Created, Some(status)),
+        ));
         return Ok(Created::Inserted);
     }
     read_global(conn, xid)
@@ -576,6 +723,111 @@ async fn upsert_branches<C: Conn>(
     }
     conn.execute_dynamic(sql, &list).await?;
     Ok(())
+}
+
+/// The listing statement for one status (or all), keyset-paginated newest first. Only
+/// placeholders go into the text; xids compare bytewise in every dialect (PostgreSQL is told
+/// so), matching the merge in Rust.
+fn list_statement<'a>(
+    dialect: Dialect,
+    q: &'a ListQuery,
+    status: Option<TxStatus>,
+    pattern: &'a Option<String>,
+) -> (String, Vec<Arg<'a>>) {
+    let xid = match dialect {
+        Dialect::Postgres => "xid COLLATE \"C\"",
+        Dialect::MySql | Dialect::Sqlite => "xid",
+    };
+    let mut filters: Vec<String> = Vec::new();
+    let mut list: Vec<Arg<'a>> = Vec::new();
+    let mut filter = |sql: String, args: &[Arg<'a>]| {
+        filters.push(sql);
+        list.extend_from_slice(args);
+    };
+    if let Some(status) = status {
+        filter("status = ?".into(), args![status.as_str()]);
+    }
+    if let Some(kind) = q.kind {
+        filter("kind = ?".into(), args![kind.as_str()]);
+    }
+    if let Some(pattern) = pattern {
+        filter(format!("{xid} LIKE ?"), args![pattern.as_str()]);
+    }
+    for (column, (from, to)) in [("created_ms", q.created), ("updated_ms", q.updated)] {
+        if let Some(from) = from {
+            filter(format!("{column} >= ?"), args![from]);
+        }
+        if let Some(to) = to {
+            filter(format!("{column} <= ?"), args![to]);
+        }
+    }
+    if let Some((created, after)) = &q.after {
+        filter(
+            format!("created_ms <= ? AND (created_ms < ? OR {xid} < ?)"),
+            args![*created, *created, after.as_str()],
+        );
+    }
+    let filters = if filters.is_empty() {
+        String::new()
+    } else {
+        format!(" WHERE {}", filters.join(" AND "))
+    };
+    list.push(Arg::from(q.limit.max(0)));
+    let sql = format!("{LIST_GLOBAL}{filters} ORDER BY created_ms DESC, {xid} DESC LIMIT ?");
+    (sql, list)
+}
+
+fn record(history: &mut History, xid: &str, entries: &[Entry]) {
+    history.extend(entries.iter().map(|e| (xid.to_string(), e.clone())));
+}
+
+/// Inserts a batch's history entries, a few hundred rows per statement.
+pub(super) async fn insert_history<C: Conn>(conn: &mut C, history: &History) -> Result<()> {
+    const COLUMNS: usize = 8;
+    for chunk in history.chunks(256) {
+        let rows = vec!["(?, ?, ?, ?, ?, ?, ?, ?)"; chunk.len()].join(", ");
+        let sql = format!(
+            "INSERT INTO dtx_history (xid, at_ms, event, branch_id, status, attempt, detail, \
+             actor) VALUES {rows}"
+        );
+        let mut list: Vec<Arg<'_>> = Vec::with_capacity(chunk.len() * COLUMNS);
+        for (xid, e) in chunk {
+            list.extend_from_slice(args![
+                xid.as_str(),
+                e.at_ms,
+                e.event.as_str(),
+                e.branch_id.as_ref(),
+                e.status,
+                e.attempt,
+                e.detail.as_ref(),
+                e.actor.as_ref()
+            ]);
+        }
+        conn.execute_dynamic(sql, &list).await?;
+    }
+    Ok(())
+}
+
+fn entry_from_row<R: SqlRow>(r: &R) -> Result<Entry> {
+    let event = r.text(1)?;
+    let status = r.opt_text(3)?;
+    Ok(Entry {
+        at_ms: r.i64(0)?,
+        event: Event::parse(&event).ok_or_else(|| corrupt("history event", &event))?,
+        branch_id: r.opt_text(2)?,
+        status: match status {
+            Some(s) => Some(
+                TxStatus::parse(&s)
+                    .map(TxStatus::as_str)
+                    .or_else(|| BranchState::parse(&s).map(BranchState::as_str))
+                    .ok_or_else(|| corrupt("history status", &s))?,
+            ),
+            None => None,
+        },
+        attempt: r.i64(4)?,
+        detail: r.opt_text(5)?,
+        actor: r.opt_text(6)?,
+    })
 }
 
 fn corrupt(what: &str, value: &str) -> Error {
@@ -716,6 +968,10 @@ mod tests {
             ANY_DUE,
             CLAIM,
             PARKED,
+            SELECT_HISTORY,
+            LIST_GLOBAL,
+            TALLY,
+            OLDEST_OF_STATUS,
             FINISHED,
         ];
         for sql in [INSERT_GLOBAL, INSERT_BRANCH, DUE] {

@@ -20,7 +20,7 @@ use dtx_sql::{Backend, Conn};
 use tokio::sync::{Mutex, mpsc, oneshot};
 
 use super::clock::DbClock;
-use super::sql::Apply;
+use super::sql::{Apply, History, insert_history};
 use super::{BeginTcc, Decide, Progress, RegisterBranch, StoreOptions, StoreStats, SubmitSaga};
 use crate::error::{Error, Result};
 
@@ -70,9 +70,14 @@ impl Job {
         with_slot!(self, s => s.write.xid())
     }
 
-    async fn apply<C: Conn>(&mut self, conn: &mut C, now: i64) -> Result<()> {
+    async fn apply<C: Conn>(
+        &mut self,
+        conn: &mut C,
+        now: i64,
+        history: &mut History,
+    ) -> Result<()> {
         with_slot!(self, s => {
-            s.outcome = Some(s.write.apply(conn, now).await?);
+            s.outcome = Some(s.write.apply(conn, now, history).await?);
         });
         Ok(())
     }
@@ -190,13 +195,16 @@ async fn run<DB: Backend>(
     }
 }
 
-/// Applies `jobs` in one transaction and commits it.
+/// Applies `jobs` in one transaction, adds their history entries (one statement for the
+/// batch), and commits it.
 async fn commit<DB: Backend>(pool: &Pool<DB>, jobs: &mut [Job], clock: &DbClock) -> Result<()> {
     let mut tx = DB::begin(pool).await?;
     let now = clock.now_ms();
+    let mut history = History::new();
     for job in jobs.iter_mut() {
-        job.apply(DB::conn(&mut tx), now).await?;
+        job.apply(DB::conn(&mut tx), now, &mut history).await?;
     }
+    insert_history(DB::conn(&mut tx), &history).await?;
     tx.commit().await?;
     Ok(())
 }

@@ -1,0 +1,292 @@
+//! The `dtx.v1.Admin` service: listing, describing and acting on transactions for operators
+//! (the `dtx` CLI, the web console, scripts). Conversion only; the rules are in
+//! [`crate::engine`].
+
+use dtx_proto::codec::SizeGuard;
+use dtx_proto::limits::{self, LimitError};
+use dtx_proto::v1 as wire;
+use dtx_proto::v1::admin_server::{Admin, AdminServer};
+use tonic::{Request, Response, Status};
+
+use crate::domain::history::{Entry, Event};
+use crate::domain::{GlobalRow, Kind, TxRecord, TxStatus};
+use crate::engine::{Acted, Engine, Operator};
+use crate::error::Error;
+use crate::grpc::{wire_kind, wire_status, wire_transaction};
+use crate::store::ListQuery;
+
+/// The metadata key naming the operator of an action (until callers are authenticated).
+pub const OPERATOR_HEADER: &str = "x-dtx-operator";
+
+/// The operator name used when a request names none.
+pub const ANONYMOUS: &str = "anonymous";
+
+/// The gRPC face of the engine's operator actions and reads.
+pub struct AdminService {
+    engine: Engine,
+}
+
+impl AdminService {
+    pub fn new(engine: Engine) -> SizeGuard<AdminServer<Self>> {
+        SizeGuard::new(
+            AdminServer::new(AdminService { engine })
+                .max_decoding_message_size(limits::MAX_REQUEST_BYTES),
+        )
+    }
+
+    async fn act(
+        &self,
+        request: Request<wire::AdminActionRequest>,
+        action: Action,
+    ) -> Result<Response<wire::TransactionDetail>, Status> {
+        let name = operator_name(&request)?;
+        let req = request.into_inner();
+        limits::check_xid(&req.xid).map_err(Error::from)?;
+        limits::check_reason("reason", &req.reason).map_err(Error::from)?;
+        let by = Operator {
+            name,
+            reason: req.reason,
+        };
+        let (engine, xid) = (&self.engine, req.xid.as_str());
+        let _: Acted = match action {
+            Action::Resume => engine.admin_resume(xid, &by).await?,
+            Action::ForceRollback => engine.force_rollback(xid, &by).await?,
+            Action::RetryNow => engine.retry_now(xid, &by).await?,
+        };
+        self.detail(xid).await
+    }
+
+    async fn detail(&self, xid: &str) -> Result<Response<wire::TransactionDetail>, Status> {
+        let described = self.engine.describe(xid).await?;
+        Ok(Response::new(wire_detail(
+            described.record,
+            described.history,
+        )))
+    }
+}
+
+enum Action {
+    Resume,
+    ForceRollback,
+    RetryNow,
+}
+
+/// Who is asking: the request's `x-dtx-operator` metadata, or [`ANONYMOUS`].
+pub fn operator_name<T>(request: &Request<T>) -> Result<String, Status> {
+    let Some(value) = request.metadata().get(OPERATOR_HEADER) else {
+        return Ok(ANONYMOUS.to_string());
+    };
+    let name = value
+        .to_str()
+        .map_err(|_| Status::invalid_argument(format!("{OPERATOR_HEADER} is not ASCII text")))?;
+    limits::check_operator(OPERATOR_HEADER, name).map_err(Error::from)?;
+    Ok(name.to_string())
+}
+
+fn domain_status(status: i32) -> Result<TxStatus, Status> {
+    let wire = wire::TxStatus::try_from(status).ok();
+    TxStatus::ALL
+        .iter()
+        .copied()
+        .find(|s| Some(wire_status(*s)) == wire)
+        .ok_or_else(|| Status::invalid_argument(format!("statuses: {status} is not a TxStatus")))
+}
+
+/// A page token: the last row's creation time and xid (`~` is outside the xid charset).
+fn page_token(row: &GlobalRow) -> String {
+    format!("{}~{}", row.created_ms, row.xid)
+}
+
+fn parse_page_token(token: &str) -> Result<Option<(i64, String)>, Status> {
+    if token.is_empty() {
+        return Ok(None);
+    }
+    let bad = || Status::invalid_argument("page_token is not one this service issued");
+    let (created, xid) = token.split_once('~').ok_or_else(bad)?;
+    limits::check_xid(xid).map_err(|_| bad())?;
+    Ok(Some((created.parse().map_err(|_| bad())?, xid.to_string())))
+}
+
+/// `0` is "unbounded" on the wire.
+fn bound(ms: i64) -> Option<i64> {
+    (ms != 0).then_some(ms)
+}
+
+fn list_query(req: wire::ListTransactionsRequest, now_ms: i64) -> Result<ListQuery, Status> {
+    let mut statuses = req
+        .statuses
+        .iter()
+        .map(|s| domain_status(*s))
+        .collect::<Result<Vec<_>, _>>()?;
+    if req.needs_attention {
+        statuses.push(TxStatus::NeedsAttention);
+    }
+    let kind = match wire::TxKind::try_from(req.kind) {
+        Ok(wire::TxKind::Unspecified) => None,
+        Ok(wire::TxKind::Tcc) => Some(Kind::Tcc),
+        Ok(wire::TxKind::Saga) => Some(Kind::Saga),
+        Err(_) => return Err(Status::invalid_argument("kind is not a TxKind")),
+    };
+    let xid_prefix = match req.xid_prefix.as_str() {
+        "" => None,
+        prefix => {
+            limits::check_xid(prefix)
+                .map_err(|e| Error::from(LimitError(e.0.replacen("xid", "xid_prefix", 1))))?;
+            Some(prefix.to_string())
+        }
+    };
+    if req.limit > limits::MAX_LIST_LIMIT {
+        return Err(Status::invalid_argument(format!(
+            "limit is {}, above the maximum page of {}",
+            req.limit,
+            limits::MAX_LIST_LIMIT
+        )));
+    }
+    let limit = match req.limit {
+        0 => limits::DEFAULT_LIST_LIMIT,
+        n => n,
+    };
+    let mut created_to = bound(req.created_to_unix_ms);
+    if req.older_than_ms > 0 {
+        let older = now_ms.saturating_sub(req.older_than_ms.min(i64::MAX as u64) as i64);
+        created_to = Some(created_to.map_or(older, |to| to.min(older)));
+    }
+    Ok(ListQuery {
+        statuses,
+        kind,
+        xid_prefix,
+        created: (bound(req.created_from_unix_ms), created_to),
+        updated: (
+            bound(req.updated_from_unix_ms),
+            bound(req.updated_to_unix_ms),
+        ),
+        after: parse_page_token(&req.page_token)?,
+        limit: i64::from(limit),
+    })
+}
+
+fn wire_history_kind(event: Event) -> wire::HistoryKind {
+    match event {
+        Event::Created => wire::HistoryKind::Created,
+        Event::Registered => wire::HistoryKind::Registered,
+        Event::Decided => wire::HistoryKind::Decided,
+        Event::Status => wire::HistoryKind::Status,
+        Event::Branch => wire::HistoryKind::Branch,
+        Event::AttemptFailed => wire::HistoryKind::AttemptFailed,
+        Event::AttemptUnknown => wire::HistoryKind::AttemptUnknown,
+        Event::Takeover => wire::HistoryKind::Takeover,
+        Event::Operator => wire::HistoryKind::Operator,
+    }
+}
+
+fn wire_detail(record: TxRecord, history: Vec<Entry>) -> wire::TransactionDetail {
+    let owner = record.global.owner.clone().unwrap_or_default();
+    let due = record.global.due_ms.unwrap_or_default();
+    wire::TransactionDetail {
+        transaction: Some(wire_transaction(record)),
+        owner,
+        due_unix_ms: due,
+        history: history
+            .into_iter()
+            .map(|e| wire::HistoryEvent {
+                at_unix_ms: e.at_ms,
+                kind: wire_history_kind(e.event) as i32,
+                branch_id: e.branch_id.unwrap_or_default(),
+                status: e.status.unwrap_or_default().to_string(),
+                attempt: e.attempt.clamp(0, i64::from(u32::MAX)) as u32,
+                detail: e.detail.unwrap_or_default(),
+                actor: e.actor.unwrap_or_default(),
+            })
+            .collect(),
+    }
+}
+
+#[tonic::async_trait]
+impl Admin for AdminService {
+    async fn list_transactions(
+        &self,
+        request: Request<wire::ListTransactionsRequest>,
+    ) -> Result<Response<wire::ListTransactionsResponse>, Status> {
+        let mut query = list_query(request.into_inner(), self.engine.now_ms())?;
+        let limit = query.limit as usize;
+        // One more than the page tells whether another page follows.
+        query.limit += 1;
+        let mut rows = self.engine.list(&query).await?;
+        let more = rows.len() > limit;
+        rows.truncate(limit);
+        let next_page_token = match rows.last() {
+            Some(last) if more => page_token(last),
+            _ => String::new(),
+        };
+        let transactions = rows
+            .into_iter()
+            .map(|global| {
+                wire_transaction(TxRecord {
+                    global,
+                    branches: Vec::new(),
+                })
+            })
+            .collect();
+        Ok(Response::new(wire::ListTransactionsResponse {
+            transactions,
+            next_page_token,
+        }))
+    }
+
+    async fn describe_transaction(
+        &self,
+        request: Request<wire::DescribeTransactionRequest>,
+    ) -> Result<Response<wire::TransactionDetail>, Status> {
+        self.detail(&request.into_inner().xid).await
+    }
+
+    async fn resume(
+        &self,
+        request: Request<wire::AdminActionRequest>,
+    ) -> Result<Response<wire::TransactionDetail>, Status> {
+        self.act(request, Action::Resume).await
+    }
+
+    async fn force_rollback(
+        &self,
+        request: Request<wire::AdminActionRequest>,
+    ) -> Result<Response<wire::TransactionDetail>, Status> {
+        self.act(request, Action::ForceRollback).await
+    }
+
+    async fn retry_now(
+        &self,
+        request: Request<wire::AdminActionRequest>,
+    ) -> Result<Response<wire::TransactionDetail>, Status> {
+        self.act(request, Action::RetryNow).await
+    }
+
+    async fn stats(
+        &self,
+        _request: Request<wire::StatsRequest>,
+    ) -> Result<Response<wire::StatsResponse>, Status> {
+        let tally = self.engine.tally().await?;
+        let now = self.engine.now_ms();
+        let needs_attention = tally
+            .counts
+            .iter()
+            .filter(|(_, s, _)| *s == TxStatus::NeedsAttention)
+            .map(|(_, _, n)| n)
+            .sum();
+        Ok(Response::new(wire::StatsResponse {
+            counts: tally
+                .counts
+                .into_iter()
+                .map(|(kind, status, count)| wire::stats_response::Count {
+                    kind: wire_kind(kind) as i32,
+                    status: wire_status(status) as i32,
+                    count,
+                })
+                .collect(),
+            needs_attention,
+            oldest_open_age_ms: tally
+                .oldest_open_created_ms
+                .map_or(0, |created| (now - created).max(0) as u64),
+        }))
+    }
+}

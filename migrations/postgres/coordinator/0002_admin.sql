@@ -1,0 +1,25 @@
+-- What operators read: a transaction's history, and indexes for listing newest first.
+--
+-- dtx_history: one row per event (created, registered, decided, status change, branch change,
+-- failed or unknown attempt, takeover, operator action), written in the commit of the change it
+-- describes; deleted with its transaction by retention.
+--   event   CREATED | REGISTERED | DECIDED | STATUS | BRANCH | ATTEMPT_FAILED |
+--           ATTEMPT_UNKNOWN | TAKEOVER | OPERATOR
+--   status  the transaction's status (branch_id NULL) or the branch's state after the event
+--   actor   the coordinator instance or the operator; NULL for the initiator
+
+CREATE TABLE IF NOT EXISTS dtx_history (
+    id        BIGSERIAL    PRIMARY KEY,
+    xid       VARCHAR(128) NOT NULL,
+    at_ms     BIGINT       NOT NULL,
+    event     VARCHAR(16)  NOT NULL,
+    branch_id VARCHAR(64)  NULL,
+    status    VARCHAR(16)  NULL,
+    attempt   BIGINT       NOT NULL DEFAULT 0,
+    detail    TEXT         NULL,
+    actor     VARCHAR(128) NULL
+);
+CREATE INDEX IF NOT EXISTS dtx_history_xid ON dtx_history (xid, id);
+
+CREATE INDEX IF NOT EXISTS dtx_global_created ON dtx_global (created_ms, xid);
+CREATE INDEX IF NOT EXISTS dtx_global_status_created ON dtx_global (status, created_ms, xid);
