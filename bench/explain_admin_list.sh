@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Query plans of Admin.ListTransactions and Stats on 1,000,000 transactions (PostgreSQL 15):
+# makes a scratch database explain1m, loads it, prints EXPLAIN ANALYZE of each listing shape.
+set -e
+cd "$(dirname "$0")/.."
+P="psql -h 127.0.0.1 -U postgres -v ON_ERROR_STOP=1"
+$P -d test -c "DROP DATABASE IF EXISTS explain1m" -c "CREATE DATABASE explain1m"
+$P -d explain1m -f migrations/postgres/coordinator/0001_coordinator.sql -f migrations/postgres/coordinator/0002_admin.sql >/dev/null
+$P -d explain1m -c "
+INSERT INTO dtx_global (xid, kind, status, decision, timeout_ms, deadline_ms, branch_count, fence, due_ms, created_ms, updated_ms)
+SELECT 'order-' || g, CASE WHEN g % 3 = 0 THEN 'saga' ELSE 'tcc' END,
+  CASE WHEN g % 1000 = 0 THEN 'NEEDS_ATTENTION' WHEN g % 997 = 0 THEN 'COMMITTING' WHEN g % 3 = 0 THEN 'SUCCEEDED' ELSE 'COMMITTED' END,
+  'commit', 60000, 1790000000000 + g * 10, 2, 0, NULL, 1790000000000 + g * 10, 1790000000000 + g * 10 + 5
+FROM generate_series(1, 1000000) g" -c "ANALYZE dtx_global"
+q() { echo "### $1"; $P -d explain1m -c "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) $2"; }
+SEL="SELECT xid, kind, status, decision, timeout_ms, deadline_ms, NULL, branch_count, owner, fence, due_ms, last_error, created_ms, updated_ms FROM dtx_global"
+q "first page, no filter" "$SEL ORDER BY created_ms DESC, xid COLLATE \"C\" DESC LIMIT 51"
+q "needs attention (one status walk)" "$SEL WHERE status = 'NEEDS_ATTENTION' ORDER BY created_ms DESC, xid COLLATE \"C\" DESC LIMIT 51"
+q "next page of COMMITTED, keyset" "$SEL WHERE status = 'COMMITTED' AND created_ms <= 1790005000000 AND (created_ms < 1790005000000 OR xid COLLATE \"C\" < 'order-500000') ORDER BY created_ms DESC, xid COLLATE \"C\" DESC LIMIT 51"
+q "older than (created bound) + status" "$SEL WHERE status = 'COMMITTING' AND created_ms <= 1790009000000 ORDER BY created_ms DESC, xid COLLATE \"C\" DESC LIMIT 51"
+q "stats: count by kind, status" "SELECT kind, status, COUNT(*) FROM dtx_global GROUP BY kind, status"
+q "stats: oldest open of one status" "SELECT MIN(created_ms) FROM dtx_global WHERE status = 'COMMITTING'"

@@ -1,0 +1,238 @@
+//! `dtx`: the operator's command line for a dtx coordinator, on the `dtx.v1.Admin` contract.
+//!
+//! Exit codes (for scripts): 0 done, 1 another error, 2 bad usage, 3 not found, 4 refused
+//! (the action does not apply to the transaction's status), 5 invalid input, 6 the
+//! coordinator is unreachable or unavailable.
+
+mod duration;
+mod output;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use dtx_proto::v1 as wire;
+use dtx_proto::v1::admin_client::AdminClient;
+use tonic::Code;
+use tonic::transport::Channel;
+
+#[derive(Parser)]
+#[command(
+    name = "dtx",
+    version,
+    about = "Operate a dtx coordinator: find stuck transactions, see what happened, act on them"
+)]
+struct Cli {
+    /// The coordinator's gRPC address.
+    #[arg(
+        long,
+        env = "DTX_COORDINATOR",
+        default_value = "http://127.0.0.1:50070",
+        global = true
+    )]
+    coordinator: String,
+    /// `table` for people, `json` for scripts.
+    #[arg(long, value_enum, default_value_t = Output::Table, global = true)]
+    output: Output,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Output {
+    Table,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Transactions: list, show, and the operator actions.
+    #[command(subcommand)]
+    Tx(Tx),
+    /// Counts by kind and status, parked count, oldest open transaction.
+    Stats,
+}
+
+#[derive(Subcommand)]
+enum Tx {
+    /// Newest first, one page (`--page-token` from the previous page's output for the next).
+    List(ListArgs),
+    /// A transaction, its branches and its history.
+    Show { xid: String },
+    /// Drive a parked (NEEDS_ATTENTION) transaction's decision again, after fixing its cause.
+    Resume(ActionArgs),
+    /// Roll back an undecided TCC transaction, or turn a running saga to compensation.
+    Rollback(ActionArgs),
+    /// Retry now what waits in backoff.
+    Retry(ActionArgs),
+}
+
+#[derive(clap::Args)]
+struct ListArgs {
+    /// Only these statuses (repeatable), e.g. `--status needs_attention --status committing`.
+    #[arg(long = "status", value_parser = parse_status)]
+    statuses: Vec<wire::TxStatus>,
+    /// Only `tcc` or `saga` transactions.
+    #[arg(long, value_parser = ["tcc", "saga"])]
+    kind: Option<String>,
+    /// Only xids starting with this.
+    #[arg(long)]
+    prefix: Option<String>,
+    /// Only transactions created at least this long ago (`30s`, `10m`, `2h`, `1d`).
+    #[arg(long, value_parser = duration::parse)]
+    older_than: Option<std::time::Duration>,
+    /// Shorthand for `--status needs_attention`.
+    #[arg(long)]
+    needs_attention: bool,
+    /// Page size (at most 500).
+    #[arg(long, default_value_t = 50)]
+    limit: u32,
+    #[arg(long, default_value = "")]
+    page_token: String,
+}
+
+#[derive(clap::Args)]
+struct ActionArgs {
+    xid: String,
+    /// Why (kept in the transaction's history).
+    #[arg(long)]
+    reason: String,
+    /// Who (kept in the history); defaults to `$DTX_OPERATOR`, then `$USER`.
+    #[arg(long, env = "DTX_OPERATOR")]
+    operator: Option<String>,
+}
+
+fn parse_status(text: &str) -> Result<wire::TxStatus, String> {
+    let name = format!("TX_STATUS_{}", text.to_ascii_uppercase().replace('-', "_"));
+    wire::TxStatus::from_str_name(&name)
+        .filter(|s| *s != wire::TxStatus::Unspecified)
+        .ok_or_else(|| {
+            format!("{text:?} is not a status (e.g. needs_attention, committing, running)")
+        })
+}
+
+/// Why the command failed, and the exit code that says so.
+struct Failure {
+    code: u8,
+    message: String,
+}
+
+impl From<tonic::Status> for Failure {
+    fn from(s: tonic::Status) -> Failure {
+        let code = match s.code() {
+            Code::NotFound => 3,
+            Code::FailedPrecondition | Code::Aborted | Code::AlreadyExists => 4,
+            Code::InvalidArgument | Code::OutOfRange => 5,
+            Code::Unavailable | Code::DeadlineExceeded => 6,
+            _ => 1,
+        };
+        Failure {
+            code,
+            message: s.message().to_string(),
+        }
+    }
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli).await {
+        Ok(text) => {
+            println!("{text}");
+            ExitCode::SUCCESS
+        }
+        Err(f) => {
+            eprintln!("dtx: {}", f.message);
+            ExitCode::from(f.code)
+        }
+    }
+}
+
+async fn connect(url: &str) -> Result<AdminClient<Channel>, Failure> {
+    let endpoint = Channel::from_shared(url.to_string()).map_err(|e| Failure {
+        code: 5,
+        message: format!("--coordinator {url:?} is not a URL: {e}"),
+    })?;
+    let channel = endpoint
+        .connect_timeout(std::time::Duration::from_secs(5))
+        .connect()
+        .await
+        .map_err(|e| Failure {
+            code: 6,
+            message: format!(
+                "cannot reach the coordinator at {url}: {e} (is it running? see --coordinator)"
+            ),
+        })?;
+    Ok(AdminClient::new(channel))
+}
+
+async fn run(cli: Cli) -> Result<String, Failure> {
+    let mut admin = connect(&cli.coordinator).await?;
+    let json = cli.output == Output::Json;
+    match cli.command {
+        Command::Stats => {
+            let stats = admin.stats(wire::StatsRequest {}).await?.into_inner();
+            Ok(output::stats(&stats, json))
+        }
+        Command::Tx(Tx::List(args)) => {
+            let request = wire::ListTransactionsRequest {
+                statuses: args.statuses.iter().map(|s| *s as i32).collect(),
+                kind: match args.kind.as_deref() {
+                    Some("tcc") => wire::TxKind::Tcc as i32,
+                    Some("saga") => wire::TxKind::Saga as i32,
+                    _ => wire::TxKind::Unspecified as i32,
+                },
+                xid_prefix: args.prefix.unwrap_or_default(),
+                needs_attention: args.needs_attention,
+                older_than_ms: args.older_than.map_or(0, |d| d.as_millis() as u64),
+                limit: args.limit,
+                page_token: args.page_token,
+                ..Default::default()
+            };
+            let page = admin.list_transactions(request).await?.into_inner();
+            Ok(output::list(&page, json))
+        }
+        Command::Tx(Tx::Show { xid }) => {
+            let request = wire::DescribeTransactionRequest { xid };
+            let detail = admin.describe_transaction(request).await?.into_inner();
+            Ok(output::detail(&detail, json))
+        }
+        Command::Tx(Tx::Resume(args)) => act(&mut admin, Act::Resume, args, json).await,
+        Command::Tx(Tx::Rollback(args)) => act(&mut admin, Act::Rollback, args, json).await,
+        Command::Tx(Tx::Retry(args)) => act(&mut admin, Act::Retry, args, json).await,
+    }
+}
+
+async fn act(
+    admin: &mut AdminClient<Channel>,
+    which: Act,
+    args: ActionArgs,
+    json: bool,
+) -> Result<String, Failure> {
+    let operator = args
+        .operator
+        .or_else(|| std::env::var("USER").ok())
+        .unwrap_or_else(|| "anonymous".into());
+    let mut request = tonic::Request::new(wire::AdminActionRequest {
+        xid: args.xid,
+        reason: args.reason,
+    });
+    let value = operator.parse().map_err(|_| Failure {
+        code: 5,
+        message: format!("--operator {operator:?} is not valid metadata text"),
+    })?;
+    request.metadata_mut().insert("x-dtx-operator", value);
+    let detail = match which {
+        Act::Resume => admin.resume(request).await,
+        Act::Rollback => admin.force_rollback(request).await,
+        Act::Retry => admin.retry_now(request).await,
+    }?
+    .into_inner();
+    Ok(output::detail(&detail, json))
+}
+
+/// The operator actions, each an Admin RPC.
+enum Act {
+    Resume,
+    Rollback,
+    Retry,
+}

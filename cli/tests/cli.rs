@@ -1,0 +1,173 @@
+//! The `dtx` binary against a real coordinator and participant: what it prints and the exit
+//! codes scripts rely on.
+
+use std::time::Duration;
+
+use dtx_sdk::barrier::Action;
+use dtx_sdk::client::{TccBranch, TccOptions};
+use dtx_tests::db::{TestBackend, TestDb};
+use dtx_tests::participant::{Fault, payload};
+use dtx_tests::test_on_all_databases;
+use dtx_tests::world::{SCHEMAS, START, World};
+
+/// Runs `dtx` with `args` against `url`: (exit code, stdout, stderr).
+async fn dtx(url: &str, args: &[&str]) -> (i32, String, String) {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_dtx"))
+        .arg("--coordinator")
+        .arg(url)
+        .args(args)
+        .env_remove("DTX_OPERATOR")
+        .output()
+        .await
+        .expect("run dtx");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+async fn ok(url: &str, args: &[&str]) -> String {
+    let (code, out, err) = dtx(url, args).await;
+    assert_eq!(code, 0, "dtx {args:?}: {err}");
+    out
+}
+
+async fn json(url: &str, args: &[&str]) -> serde_json::Value {
+    let mut all = args.to_vec();
+    all.extend(["--output", "json"]);
+    serde_json::from_str(&ok(url, &all).await).expect("JSON output")
+}
+
+async fn status_of(url: &str, xid: &str) -> String {
+    json(url, &["tx", "show", xid]).await["status"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+async fn an_operator_finds_fixes_and_checks_a_parked_transaction<DB: TestBackend>(
+    db: &'static TestDb<DB>,
+) {
+    let w = World::start(db, &[]).await;
+    let url = w.coordinator.url.clone();
+    w.faults.push("b1", Action::Confirm, [Fault::Refuse]);
+    let tx = w
+        .client
+        .begin(TccOptions {
+            xid: Some("order-42".into()),
+            ..TccOptions::default()
+        })
+        .await
+        .unwrap();
+    tx.call(TccBranch::new(&w.bank, "transfer", payload("alice", 10)).id("b1"))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    for _ in 0..200 {
+        if status_of(&url, "order-42").await == "NEEDS_ATTENTION" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // Find it.
+    let listed = ok(&url, &["tx", "list", "--needs-attention"]).await;
+    let mut lines = listed.lines();
+    assert!(lines.next().unwrap().starts_with("XID"), "{listed}");
+    let row = lines.next().unwrap();
+    assert!(
+        row.starts_with("order-42") && row.contains("NEEDS_ATTENTION"),
+        "{listed}"
+    );
+    let page = json(
+        &url,
+        &[
+            "tx",
+            "list",
+            "--status",
+            "needs_attention",
+            "--older-than",
+            "1ms",
+        ],
+    )
+    .await;
+    assert_eq!(page["transactions"][0]["xid"], "order-42");
+    assert_eq!(page["next_page_token"], "");
+    let none = json(&url, &["tx", "list", "--older-than", "1d"]).await;
+    assert_eq!(none["transactions"].as_array().unwrap().len(), 0);
+
+    // See why.
+    let shown = ok(&url, &["tx", "show", "order-42"]).await;
+    for needle in [
+        "NEEDS_ATTENTION",
+        "BRANCHES",
+        "HISTORY",
+        "ATTEMPT_FAILED",
+        "injected refusal",
+    ] {
+        assert!(shown.contains(needle), "{needle} in\n{shown}");
+    }
+
+    // Refused and bad inputs have their own exit codes.
+    let (code, _, err) = dtx(&url, &["tx", "retry", "order-42", "--reason", "now"]).await;
+    assert_eq!(code, 4, "{err}");
+    assert!(err.contains("Resume"), "{err}");
+    let (code, _, err) = dtx(&url, &["tx", "resume", "order-42", "--reason", ""]).await;
+    assert_eq!(code, 5, "{err}");
+    let (code, _, _) = dtx(&url, &["tx", "resume", "order-42"]).await;
+    assert_eq!(code, 2, "--reason is required");
+    let (code, _, err) = dtx(&url, &["tx", "list", "--older-than", "10x"]).await;
+    assert_eq!(code, 2, "{err}");
+    let (code, _, err) = dtx(&url, &["tx", "show", "order-43"]).await;
+    assert_eq!(code, 3, "{err}");
+    let (code, _, err) = dtx("http://127.0.0.1:1", &["stats"]).await;
+    assert_eq!(code, 6, "{err}");
+    assert!(err.contains("cannot reach"), "{err}");
+
+    // Fix it, and check the outcome and the record of who did it.
+    let args = [
+        "tx",
+        "resume",
+        "order-42",
+        "--reason",
+        "limit raised",
+        "--operator",
+        "ops-bob",
+    ];
+    ok(&url, &args).await;
+    for _ in 0..200 {
+        if status_of(&url, "order-42").await == "COMMITTED" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let shown = json(&url, &["tx", "show", "order-42"]).await;
+    assert_eq!(shown["status"], "COMMITTED");
+    let operator: Vec<_> = shown["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["kind"] == "OPERATOR")
+        .map(|e| (e["actor"].as_str().unwrap(), e["detail"].as_str().unwrap()))
+        .collect();
+    assert_eq!(operator, [("ops-bob", "resume: limit raised")]);
+    assert_eq!(w.account("alice").await, (START - 10, 0));
+
+    let stats = json(&url, &["stats"]).await;
+    let committed = stats["counts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["status"] == "COMMITTED")
+        .unwrap()["count"]
+        .as_u64();
+    assert_eq!(committed, Some(1));
+    assert_eq!(stats["needs_attention"], 0);
+    let table = ok(&url, &["stats"]).await;
+    assert!(table.contains("needs attention: 0"), "{table}");
+}
+test_on_all_databases!(
+    an_operator_finds_fixes_and_checks_a_parked_transaction,
+    SCHEMAS
+);
