@@ -4,12 +4,9 @@
 use dtx_proto::v1 as wire;
 use serde_json::{Value, json};
 
-use crate::duration::human;
+use dtx_proto::present::{short, utc as time};
 
-/// An enum value's name without its prefix: `TX_STATUS_COMMITTED` -> `COMMITTED`.
-fn short(name: &str, prefix: &str) -> String {
-    name.trim_start_matches(prefix).to_string()
-}
+use crate::duration::human;
 
 fn status(t: &wire::Transaction) -> String {
     short(t.status().as_str_name(), "TX_STATUS_")
@@ -17,31 +14,6 @@ fn status(t: &wire::Transaction) -> String {
 
 fn kind(t: &wire::Transaction) -> String {
     short(t.kind().as_str_name(), "TX_KIND_").to_lowercase()
-}
-
-/// Milliseconds since the epoch as `YYYY-MM-DD HH:MM:SS.mmm` UTC.
-fn time(ms: i64) -> String {
-    if ms <= 0 {
-        return "-".into();
-    }
-    let (days, rest) = (ms.div_euclid(86_400_000), ms.rem_euclid(86_400_000));
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}.{:03}",
-        rest / 3_600_000,
-        rest / 60_000 % 60,
-        rest / 1_000 % 60,
-        rest % 1_000
-    )
 }
 
 /// Columns padded to their widest cell; the last column is not padded.
@@ -271,14 +243,6 @@ pub fn stats(s: &wire::StatsResponse, json: bool) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn times_are_utc_calendar_dates() {
-        assert_eq!(time(0), "-");
-        assert_eq!(time(1), "1970-01-01 00:00:00.001");
-        assert_eq!(time(951_782_400_000), "2000-02-29 00:00:00.000");
-        assert_eq!(time(1_796_320_401_213), "2026-12-03 17:53:21.213");
-    }
 
     #[test]
     fn tables_align_columns() {

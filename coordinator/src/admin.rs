@@ -41,34 +41,105 @@ impl AdminService {
     ) -> Result<Response<wire::TransactionDetail>, Status> {
         let name = operator_name(&request)?;
         let req = request.into_inner();
-        limits::check_xid(&req.xid).map_err(Error::from)?;
-        limits::check_reason("reason", &req.reason).map_err(Error::from)?;
-        let by = Operator {
-            name,
-            reason: req.reason,
-        };
-        let (engine, xid) = (&self.engine, req.xid.as_str());
-        let _: Acted = match action {
-            Action::Resume => engine.admin_resume(xid, &by).await?,
-            Action::ForceRollback => engine.force_rollback(xid, &by).await?,
-            Action::RetryNow => engine.retry_now(xid, &by).await?,
-        };
-        self.detail(xid).await
-    }
-
-    async fn detail(&self, xid: &str) -> Result<Response<wire::TransactionDetail>, Status> {
-        let described = self.engine.describe(xid).await?;
-        Ok(Response::new(wire_detail(
-            described.record,
-            described.history,
-        )))
+        Ok(Response::new(
+            act(&self.engine, action, &req.xid, req.reason, name).await?,
+        ))
     }
 }
 
-enum Action {
+/// An operator action of the Admin service.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
     Resume,
     ForceRollback,
     RetryNow,
+}
+
+/// Checks the input, applies `action` for `operator` and answers the transaction after it
+/// (the one path behind the gRPC actions and the web console's).
+pub async fn act(
+    engine: &Engine,
+    action: Action,
+    xid: &str,
+    reason: String,
+    operator: String,
+) -> Result<wire::TransactionDetail, Status> {
+    limits::check_xid(xid).map_err(Error::from)?;
+    limits::check_reason("reason", &reason).map_err(Error::from)?;
+    let by = Operator {
+        name: operator,
+        reason,
+    };
+    let _: Acted = match action {
+        Action::Resume => engine.admin_resume(xid, &by).await?,
+        Action::ForceRollback => engine.force_rollback(xid, &by).await?,
+        Action::RetryNow => engine.retry_now(xid, &by).await?,
+    };
+    detail(engine, xid).await
+}
+
+/// The transaction, its branches and its history.
+pub async fn detail(engine: &Engine, xid: &str) -> Result<wire::TransactionDetail, Status> {
+    let described = engine.describe(xid).await?;
+    Ok(wire_detail(described.record, described.history))
+}
+
+/// One page of the listing `req` asks for.
+pub async fn list(
+    engine: &Engine,
+    req: wire::ListTransactionsRequest,
+) -> Result<wire::ListTransactionsResponse, Status> {
+    let mut query = list_query(req, engine.now_ms())?;
+    let limit = query.limit as usize;
+    // One more than the page tells whether another page follows.
+    query.limit += 1;
+    let mut rows = engine.list(&query).await?;
+    let more = rows.len() > limit;
+    rows.truncate(limit);
+    let next_page_token = match rows.last() {
+        Some(last) if more => page_token(last),
+        _ => String::new(),
+    };
+    let transactions = rows
+        .into_iter()
+        .map(|global| {
+            wire_transaction(TxRecord {
+                global,
+                branches: Vec::new(),
+            })
+        })
+        .collect();
+    Ok(wire::ListTransactionsResponse {
+        transactions,
+        next_page_token,
+    })
+}
+
+/// Counts by kind and status, the parked count and the oldest open transaction's age.
+pub async fn stats(engine: &Engine) -> Result<wire::StatsResponse, Status> {
+    let tally = engine.tally().await?;
+    let now = engine.now_ms();
+    let needs_attention = tally
+        .counts
+        .iter()
+        .filter(|(_, s, _)| *s == TxStatus::NeedsAttention)
+        .map(|(_, _, n)| n)
+        .sum();
+    Ok(wire::StatsResponse {
+        counts: tally
+            .counts
+            .into_iter()
+            .map(|(kind, status, count)| wire::stats_response::Count {
+                kind: wire_kind(kind) as i32,
+                status: wire_status(status) as i32,
+                count,
+            })
+            .collect(),
+        needs_attention,
+        oldest_open_age_ms: tally
+            .oldest_open_created_ms
+            .map_or(0, |created| (now - created).max(0) as u64),
+    })
 }
 
 /// Who is asking: the request's `x-dtx-operator` metadata, or [`ANONYMOUS`].
@@ -207,37 +278,17 @@ impl Admin for AdminService {
         &self,
         request: Request<wire::ListTransactionsRequest>,
     ) -> Result<Response<wire::ListTransactionsResponse>, Status> {
-        let mut query = list_query(request.into_inner(), self.engine.now_ms())?;
-        let limit = query.limit as usize;
-        // One more than the page tells whether another page follows.
-        query.limit += 1;
-        let mut rows = self.engine.list(&query).await?;
-        let more = rows.len() > limit;
-        rows.truncate(limit);
-        let next_page_token = match rows.last() {
-            Some(last) if more => page_token(last),
-            _ => String::new(),
-        };
-        let transactions = rows
-            .into_iter()
-            .map(|global| {
-                wire_transaction(TxRecord {
-                    global,
-                    branches: Vec::new(),
-                })
-            })
-            .collect();
-        Ok(Response::new(wire::ListTransactionsResponse {
-            transactions,
-            next_page_token,
-        }))
+        Ok(Response::new(
+            list(&self.engine, request.into_inner()).await?,
+        ))
     }
 
     async fn describe_transaction(
         &self,
         request: Request<wire::DescribeTransactionRequest>,
     ) -> Result<Response<wire::TransactionDetail>, Status> {
-        self.detail(&request.into_inner().xid).await
+        let xid = request.into_inner().xid;
+        Ok(Response::new(detail(&self.engine, &xid).await?))
     }
 
     async fn resume(
@@ -265,28 +316,6 @@ impl Admin for AdminService {
         &self,
         _request: Request<wire::StatsRequest>,
     ) -> Result<Response<wire::StatsResponse>, Status> {
-        let tally = self.engine.tally().await?;
-        let now = self.engine.now_ms();
-        let needs_attention = tally
-            .counts
-            .iter()
-            .filter(|(_, s, _)| *s == TxStatus::NeedsAttention)
-            .map(|(_, _, n)| n)
-            .sum();
-        Ok(Response::new(wire::StatsResponse {
-            counts: tally
-                .counts
-                .into_iter()
-                .map(|(kind, status, count)| wire::stats_response::Count {
-                    kind: wire_kind(kind) as i32,
-                    status: wire_status(status) as i32,
-                    count,
-                })
-                .collect(),
-            needs_attention,
-            oldest_open_age_ms: tally
-                .oldest_open_created_ms
-                .map_or(0, |created| (now - created).max(0) as u64),
-        }))
+        Ok(Response::new(stats(&self.engine).await?))
     }
 }

@@ -59,6 +59,12 @@ pub struct Config {
     #[arg(long, env = "DTX_METRICS_LISTEN")]
     pub metrics_listen: Option<SocketAddr>,
 
+    /// Serve the web console (needs-attention queue, transaction list and history, operator
+    /// actions) over HTTP on this address (e.g. 127.0.0.1:8070). No authentication yet: keep it
+    /// on loopback or behind an authenticating proxy.
+    #[arg(long, env = "DTX_ADMIN_LISTEN")]
+    pub admin_listen: Option<SocketAddr>,
+
     /// Warn when this host's clock is further than this from the database's (leases, due
     /// times and deadlines always use the database's time).
     #[arg(long, env = "DTX_MAX_CLOCK_SKEW_MS", default_value_t = millis(EngineConfig::default().max_clock_skew))]

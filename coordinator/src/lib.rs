@@ -11,6 +11,7 @@
 
 pub mod admin;
 pub mod config;
+pub mod console;
 pub mod domain;
 pub mod engine;
 pub mod error;

@@ -60,6 +60,12 @@ pub async fn run(
         tokio::spawn(serve_metrics(metrics_listener, engine.clone()));
     }
 
+    if let Some(addr) = config.admin_listen {
+        let console = TcpListener::bind(addr).await?;
+        tracing::info!(addr = %console.local_addr()?, "web console serving");
+        tokio::spawn(crate::console::serve(console, engine.clone()));
+    }
+
     let grace = Duration::from_millis(config.shutdown_grace_ms);
     let stopping = engine.clone();
     let stop = async move {

@@ -12,6 +12,7 @@
 pub mod answer;
 pub mod codec;
 pub mod limits;
+pub mod present;
 
 /// Generated code of package `dtx.v1`.
 pub mod v1 {

@@ -13,6 +13,8 @@ use tokio::net::TcpListener;
 use tokio::process::{Child, Command};
 use tokio::sync::oneshot;
 
+use crate::net::free_addr;
+
 /// Flags every test coordinator gets: short leases and polls so takeovers happen within a test.
 pub const FAST: &[&str] = &[
     "--lease-ms",
@@ -100,12 +102,6 @@ pub struct Process {
     pub url: String,
     pub addr: SocketAddr,
     child: Child,
-}
-
-/// A free loopback port (bound and released; the process binds it right after).
-async fn free_addr() -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    listener.local_addr().unwrap()
 }
 
 impl Process {

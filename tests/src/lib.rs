@@ -2,6 +2,7 @@
 //! that participants keep through the barrier, and helpers to run real gRPC servers on port 0.
 
 pub mod barrier;
+pub mod browser;
 pub mod chaos;
 pub mod coordinator;
 pub mod db;

@@ -155,3 +155,11 @@ where
         })
     }
 }
+
+/// A free loopback address (bound and released; the caller binds it right after).
+pub async fn free_addr() -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    listener.local_addr().unwrap()
+}

@@ -61,6 +61,8 @@ pub enum Fault {
     HandlerError,
     /// The handler refuses (FAILURE).
     Refuse,
+    /// The handler refuses with this message (e.g. text that must be shown as text).
+    RefuseWith(String),
     /// The call fails with UNAVAILABLE before reaching the handler.
     UnavailableBefore,
     /// The call runs (effect committed), then the response is lost: UNAVAILABLE.
@@ -421,6 +423,10 @@ fn ledger_handler<C: dtx_sql::Conn + 'static>(
                     let _ = effect(conn, &call).await;
                     Ok(Reply::refuse("injected refusal"))
                 }
+                Some(Fault::RefuseWith(message)) => {
+                    let _ = effect(conn, &call).await;
+                    Ok(Reply::refuse(message))
+                }
                 _ => effect(conn, &call).await,
             }
         })
@@ -578,7 +584,7 @@ impl<DB: Backend> Participant for Bank<DB> {
                     tokio::join!(self.deliver(request.clone()), self.deliver(request));
                 first
             }
-            Some(fault @ (Fault::HandlerError | Fault::Refuse)) => {
+            Some(fault @ (Fault::HandlerError | Fault::Refuse | Fault::RefuseWith(_))) => {
                 self.handler_faults.0.lock().unwrap().insert(
                     (request.xid.clone(), request.branch_id.clone(), action),
                     fault,

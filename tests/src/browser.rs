@@ -1,0 +1,109 @@
+//! A real headless Chromium driven over WebDriver (Debian's `chromium` and `chromium-driver`),
+//! for tests of the web console.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use fantoccini::{Client, ClientBuilder, Locator};
+use serde_json::json;
+use tokio::process::{Child, Command};
+
+use crate::db::in_ci;
+
+const DRIVER: &str = "/usr/bin/chromedriver";
+const CHROMIUM: &str = "/usr/bin/chromium";
+
+/// A browser session; the driver process is killed when dropped.
+pub struct Browser {
+    pub client: Client,
+    _driver: Child,
+}
+
+impl Browser {
+    /// Starts chromedriver and a headless Chromium; `None` (skip) when they are not installed,
+    /// which fails the test in CI.
+    pub async fn start(what: &str) -> Option<Browser> {
+        if !std::path::Path::new(DRIVER).exists() || !std::path::Path::new(CHROMIUM).exists() {
+            assert!(
+                !in_ci(),
+                "{what}: chromium and chromium-driver are not installed (CI=true: browser tests must not be skipped)"
+            );
+            eprintln!("skipping {what}: chromium and chromium-driver are not installed");
+            return None;
+        }
+        let port = crate::net::free_addr().await.port();
+        let driver = Command::new(DRIVER)
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start chromedriver");
+        let mut caps = serde_json::Map::new();
+        caps.insert(
+            "goog:chromeOptions".into(),
+            json!({
+                "binary": CHROMIUM,
+                "args": ["--headless=new", "--no-sandbox", "--disable-gpu",
+                         "--disable-dev-shm-usage", "--window-size=1400,1000"],
+            }),
+        );
+        let url = format!("http://127.0.0.1:{port}");
+        for _ in 0..100 {
+            let connector = hyper_util::client::legacy::connect::HttpConnector::new();
+            match ClientBuilder::new(connector)
+                .capabilities(caps.clone())
+                .connect(&url)
+                .await
+            {
+                Ok(client) => {
+                    return Some(Browser {
+                        client,
+                        _driver: driver,
+                    });
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+        panic!("chromedriver did not start on {url}");
+    }
+
+    pub async fn text(&self, css: &str) -> String {
+        self.client
+            .find(Locator::Css(css))
+            .await
+            .unwrap_or_else(|e| panic!("{css}: {e}"))
+            .text()
+            .await
+            .unwrap()
+    }
+
+    /// Reloads `url` until the text of `css` contains `needle` (twenty seconds at most).
+    pub async fn until_text(&self, url: &str, css: &str, needle: &str) -> String {
+        let mut last = String::new();
+        for _ in 0..100 {
+            self.client.goto(url).await.unwrap();
+            if let Ok(e) = self.client.find(Locator::Css(css)).await {
+                last = e.text().await.unwrap_or_default();
+                if last.contains(needle) {
+                    return last;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        panic!("{css} at {url} never showed {needle:?}; last: {last}");
+    }
+
+    /// Saves a screenshot as `<DTX_CONSOLE_SCREENSHOTS>/<name>.png` when that variable names a
+    /// folder (how the README's pictures are made).
+    pub async fn screenshot(&self, name: &str) {
+        if let Ok(dir) = std::env::var("DTX_CONSOLE_SCREENSHOTS") {
+            let png = self.client.screenshot().await.unwrap();
+            std::fs::write(std::path::Path::new(&dir).join(format!("{name}.png")), png).unwrap();
+        }
+    }
+
+    pub async fn close(self) {
+        self.client.close().await.ok();
+    }
+}
