@@ -3,7 +3,8 @@
 //! Entries are produced where the change is decided (the store for creations, registrations
 //! and claims; the driver for attempts and status changes; the operator actions) and written in
 //! the same commit as the change they describe, so the history never claims a change that did
-//! not happen. Failed and unknown attempts are kept in the job's memory until its next write
+//! not happen. A branch call that succeeded at its first attempt is folded into the status
+//! change that follows it (no entry of its own). Failed and unknown attempts are kept in the job's memory until its next write
 //! (the driver does not write per attempt), so a crash loses the attempt entries since the last
 //! write, never a state change.
 

@@ -307,11 +307,15 @@ impl Job {
                 None
             }
         };
-        let entry = Entry::branch(now_ms, event, &name, step.row.state, step.row.attempts);
-        self.history.push(match detail {
-            Some(detail) => entry.detail(detail),
-            None => entry,
-        });
+        // A first attempt that succeeded is folded into the status change that follows it
+        // (one history row less per branch on the common path).
+        if event != Event::Branch || step.row.attempts > 1 {
+            let entry = Entry::branch(now_ms, event, &name, step.row.state, step.row.attempts);
+            self.history.push(match detail {
+                Some(detail) => entry.detail(detail),
+                None => entry,
+            });
+        }
         if let Some(reason) = turn {
             self.turn.get_or_insert(reason);
         }
@@ -449,6 +453,48 @@ mod tests {
             })
             .collect();
         Job::new("x".into(), kind, 1, phase, deadline_ms, graph, steps)
+    }
+
+    #[test]
+    fn history_records_failed_and_unknown_attempts_and_folds_a_first_success() {
+        let mut j = job(
+            Kind::Tcc,
+            &[vec![], vec![]],
+            Phase::Settle(Decision::Commit),
+            None,
+        );
+        assert_eq!(j.next(0, i64::MAX), Next::Start(vec![0, 1]));
+        j.record(0, CallOutcome::Success(Vec::new()), 5, 0.0);
+        j.record(1, CallOutcome::Unknown("timeout".into()), 6, 0.0);
+        assert!(matches!(j.next(1_000, i64::MAX), Next::Start(started) if started == [1]));
+        j.record(1, CallOutcome::Success(Vec::new()), 1_001, 0.0);
+        let got: Vec<_> = j
+            .take_history()
+            .into_iter()
+            .map(|e| {
+                (
+                    e.event,
+                    e.branch_id.unwrap(),
+                    e.status.unwrap(),
+                    e.attempt,
+                    e.detail,
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (
+                    Event::AttemptUnknown,
+                    "s1".into(),
+                    "PENDING",
+                    1,
+                    Some("timeout".into())
+                ),
+                (Event::Branch, "s1".into(), "CONFIRMED", 2, None),
+            ]
+        );
+        assert!(j.take_history().is_empty(), "taken once");
     }
 
     fn outcome(code: u8) -> CallOutcome {

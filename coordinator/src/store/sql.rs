@@ -1,7 +1,7 @@
 //! The store on PostgreSQL, MySQL/MariaDB and SQLite: every statement the coordinator runs.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, Instant};
 
 use dtx_sql::sqlx::Pool;
@@ -94,7 +94,7 @@ const CLAIM: &str = "UPDATE dtx_global SET owner = ?, fence = ?, due_ms = ?, upd
 const PARKED: &str = "SELECT COUNT(*) FROM dtx_global WHERE status = 'NEEDS_ATTENTION'";
 
 const SELECT_HISTORY: &str = "SELECT at_ms, event, branch_id, status, attempt, detail, actor \
-     FROM dtx_history WHERE xid = ? ORDER BY id";
+     FROM dtx_history WHERE xid = ? ORDER BY seq";
 
 /// Columns of [`SELECT_GLOBAL`] without its `WHERE`: the start of every listing.
 const LIST_GLOBAL: &str = "SELECT xid, kind, status, decision, timeout_ms, deadline_ms, NULL, \
@@ -208,7 +208,7 @@ impl<DB: Backend> SqlStore<DB> {
                 claimed.push(xid);
             }
         }
-        insert_history(conn, &history).await?;
+        insert_history(conn, &history, now).await?;
         tx.commit().await?;
         self.stats.commits.fetch_add(1, Ordering::Relaxed);
         let mut records = Vec::with_capacity(claimed.len());
@@ -225,12 +225,13 @@ impl<DB: Backend> SqlStore<DB> {
     async fn list_rows(&self, q: &ListQuery) -> Result<Vec<GlobalRow>> {
         let mut conn = self.pool.acquire().await?;
         let conn = DB::pooled(&mut conn);
-        let mut statuses: Vec<Option<TxStatus>> = q.statuses.iter().copied().map(Some).collect();
-        statuses.sort_by_key(|s| s.map(TxStatus::as_str));
+        // Every status when none is asked for: the one (status, created) index serves all.
+        let mut statuses = match q.statuses.is_empty() {
+            true => TxStatus::ALL.to_vec(),
+            false => q.statuses.clone(),
+        };
+        statuses.sort_by_key(|s| s.as_str());
         statuses.dedup();
-        if statuses.is_empty() {
-            statuses.push(None);
-        }
         let pattern = q.xid_prefix.as_ref().map(|p| format!("{p}%"));
         let mut rows = Vec::new();
         for status in statuses {
@@ -731,7 +732,7 @@ async fn upsert_branches<C: Conn>(
 fn list_statement<'a>(
     dialect: Dialect,
     q: &'a ListQuery,
-    status: Option<TxStatus>,
+    status: TxStatus,
     pattern: &'a Option<String>,
 ) -> (String, Vec<Arg<'a>>) {
     let xid = match dialect {
@@ -744,9 +745,7 @@ fn list_statement<'a>(
         filters.push(sql);
         list.extend_from_slice(args);
     };
-    if let Some(status) = status {
-        filter("status = ?".into(), args![status.as_str()]);
-    }
+    filter("status = ?".into(), args![status.as_str()]);
     if let Some(kind) = q.kind {
         filter("kind = ?".into(), args![kind.as_str()]);
     }
@@ -767,11 +766,7 @@ fn list_statement<'a>(
             args![*created, *created, after.as_str()],
         );
     }
-    let filters = if filters.is_empty() {
-        String::new()
-    } else {
-        format!(" WHERE {}", filters.join(" AND "))
-    };
+    let filters = format!(" WHERE {}", filters.join(" AND "));
     list.push(Arg::from(q.limit.max(0)));
     let sql = format!("{LIST_GLOBAL}{filters} ORDER BY created_ms DESC, {xid} DESC LIMIT ?");
     (sql, list)
@@ -781,17 +776,38 @@ fn record(history: &mut History, xid: &str, entries: &[Entry]) {
     history.extend(entries.iter().map(|e| (xid.to_string(), e.clone())));
 }
 
+/// The next history sequence numbers for `n` entries committed at `now`: the database time
+/// x 1000, strictly increasing within this process, so a transaction's entries sort in the
+/// order they were written.
+fn history_seqs(now: i64, n: usize) -> i64 {
+    static LAST: AtomicI64 = AtomicI64::new(0);
+    let n = n as i64;
+    let previous = LAST
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |last| {
+            Some(last.max(now.saturating_mul(1000) - 1) + n)
+        })
+        .unwrap_or_else(|last| last);
+    previous.max(now.saturating_mul(1000) - 1) + 1
+}
+
 /// Inserts a batch's history entries, a few hundred rows per statement.
-pub(super) async fn insert_history<C: Conn>(conn: &mut C, history: &History) -> Result<()> {
-    const COLUMNS: usize = 8;
+pub(super) async fn insert_history<C: Conn>(
+    conn: &mut C,
+    history: &History,
+    now: i64,
+) -> Result<()> {
+    const COLUMNS: usize = 9;
+    let mut seq = history_seqs(now, history.len());
     for chunk in history.chunks(256) {
-        let rows = vec!["(?, ?, ?, ?, ?, ?, ?, ?)"; chunk.len()].join(", ");
+        let rows = vec!["(?, ?, ?, ?, ?, ?, ?, ?, ?)"; chunk.len()].join(", ");
         let sql = format!(
-            "INSERT INTO dtx_history (xid, at_ms, event, branch_id, status, attempt, detail, \
-             actor) VALUES {rows}"
+            "INSERT INTO dtx_history (seq, xid, at_ms, event, branch_id, status, attempt, \
+             detail, actor) VALUES {rows}"
         );
         let mut list: Vec<Arg<'_>> = Vec::with_capacity(chunk.len() * COLUMNS);
         for (xid, e) in chunk {
+            list.push(Arg::from(seq));
+            seq += 1;
             list.extend_from_slice(args![
                 xid.as_str(),
                 e.at_ms,

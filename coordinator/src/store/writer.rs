@@ -204,7 +204,7 @@ async fn commit<DB: Backend>(pool: &Pool<DB>, jobs: &mut [Job], clock: &DbClock)
     for job in jobs.iter_mut() {
         job.apply(DB::conn(&mut tx), now, &mut history).await?;
     }
-    insert_history(DB::conn(&mut tx), &history).await?;
+    insert_history(DB::conn(&mut tx), &history, now).await?;
     tx.commit().await?;
     Ok(())
 }

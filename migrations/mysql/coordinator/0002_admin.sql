@@ -2,7 +2,7 @@
 -- (Column meanings: see the PostgreSQL migration of the same number.)
 
 CREATE TABLE IF NOT EXISTS dtx_history (
-    id        BIGINT       NOT NULL AUTO_INCREMENT PRIMARY KEY,
+    seq       BIGINT       NOT NULL,
     xid       VARCHAR(128) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
     at_ms     BIGINT       NOT NULL,
     event     VARCHAR(16)  CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
@@ -11,8 +11,8 @@ CREATE TABLE IF NOT EXISTS dtx_history (
     attempt   BIGINT       NOT NULL DEFAULT 0,
     detail    TEXT         NULL,
     actor     VARCHAR(128) NULL,
-    KEY dtx_history_xid (xid, id)
+    KEY dtx_history_xid (xid, seq)
 ) ENGINE = InnoDB;
 
-CREATE INDEX IF NOT EXISTS dtx_global_created ON dtx_global (created_ms, xid);
 CREATE INDEX IF NOT EXISTS dtx_global_status_created ON dtx_global (status, created_ms, xid);
+DROP INDEX IF EXISTS dtx_global_status_updated ON dtx_global;

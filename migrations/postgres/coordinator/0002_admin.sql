@@ -7,9 +7,15 @@
 --           ATTEMPT_UNKNOWN | TAKEOVER | OPERATOR
 --   status  the transaction's status (branch_id NULL) or the branch's state after the event
 --   actor   the coordinator instance or the operator; NULL for the initiator
+--   seq     orders a transaction's entries: the database time of the commit x 1000, strictly
+--           increasing per coordinator process (no sequence or unique key: nothing to contend on)
+--
+-- dtx_global_status_created serves every listing (one walk per status, merged) and replaces
+-- dtx_global_status_updated (the purge and the parked count use its status prefix), so a
+-- status change updates as many indexes as before.
 
 CREATE TABLE IF NOT EXISTS dtx_history (
-    id        BIGSERIAL    PRIMARY KEY,
+    seq       BIGINT       NOT NULL,
     xid       VARCHAR(128) NOT NULL,
     at_ms     BIGINT       NOT NULL,
     event     VARCHAR(16)  NOT NULL,
@@ -19,7 +25,7 @@ CREATE TABLE IF NOT EXISTS dtx_history (
     detail    TEXT         NULL,
     actor     VARCHAR(128) NULL
 );
-CREATE INDEX IF NOT EXISTS dtx_history_xid ON dtx_history (xid, id);
+CREATE INDEX IF NOT EXISTS dtx_history_xid ON dtx_history (xid, seq);
 
-CREATE INDEX IF NOT EXISTS dtx_global_created ON dtx_global (created_ms, xid);
 CREATE INDEX IF NOT EXISTS dtx_global_status_created ON dtx_global (status, created_ms, xid);
+DROP INDEX IF EXISTS dtx_global_status_updated;

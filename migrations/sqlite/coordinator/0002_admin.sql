@@ -9,7 +9,7 @@
 --   actor   the coordinator instance or the operator; NULL for the initiator
 
 CREATE TABLE IF NOT EXISTS dtx_history (
-    id        INTEGER      PRIMARY KEY,
+    seq       INTEGER      NOT NULL,
     xid       TEXT         NOT NULL,
     at_ms     INTEGER      NOT NULL,
     event     TEXT         NOT NULL,
@@ -19,7 +19,7 @@ CREATE TABLE IF NOT EXISTS dtx_history (
     detail    TEXT         NULL,
     actor     TEXT         NULL
 );
-CREATE INDEX IF NOT EXISTS dtx_history_xid ON dtx_history (xid, id);
+CREATE INDEX IF NOT EXISTS dtx_history_xid ON dtx_history (xid, seq);
 
-CREATE INDEX IF NOT EXISTS dtx_global_created ON dtx_global (created_ms, xid);
 CREATE INDEX IF NOT EXISTS dtx_global_status_created ON dtx_global (status, created_ms, xid);
+DROP INDEX IF EXISTS dtx_global_status_updated;
