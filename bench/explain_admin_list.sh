@@ -14,9 +14,14 @@ SELECT 'order-' || g, CASE WHEN g % 3 = 0 THEN 'saga' ELSE 'tcc' END,
 FROM generate_series(1, 1000000) g" -c "ANALYZE dtx_global"
 q() { echo "### $1"; $P -d explain1m -c "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) $2"; }
 SEL="SELECT xid, kind, status, decision, timeout_ms, deadline_ms, NULL, branch_count, owner, fence, due_ms, last_error, created_ms, updated_ms FROM dtx_global"
-q "first page, no filter" "$SEL ORDER BY created_ms DESC, xid COLLATE \"C\" DESC LIMIT 51"
+# An unfiltered page is one such walk per status (10), merged in the coordinator.
+q "first page, one status's walk of an unfiltered listing" "$SEL WHERE status = 'COMMITTED' ORDER BY created_ms DESC, xid COLLATE \"C\" DESC LIMIT 51"
 q "needs attention (one status walk)" "$SEL WHERE status = 'NEEDS_ATTENTION' ORDER BY created_ms DESC, xid COLLATE \"C\" DESC LIMIT 51"
 q "next page of COMMITTED, keyset" "$SEL WHERE status = 'COMMITTED' AND created_ms <= 1790005000000 AND (created_ms < 1790005000000 OR xid COLLATE \"C\" < 'order-500000') ORDER BY created_ms DESC, xid COLLATE \"C\" DESC LIMIT 51"
 q "older than (created bound) + status" "$SEL WHERE status = 'COMMITTING' AND created_ms <= 1790009000000 ORDER BY created_ms DESC, xid COLLATE \"C\" DESC LIMIT 51"
 q "stats: count by kind, status" "SELECT kind, status, COUNT(*) FROM dtx_global GROUP BY kind, status"
 q "stats: oldest open of one status" "SELECT MIN(created_ms) FROM dtx_global WHERE status = 'COMMITTING'"
+q "retention: finished rows to purge (uses the status prefix)" "SELECT xid FROM dtx_global WHERE status IN ('COMMITTED', 'ROLLED_BACK', 'SUCCEEDED', 'COMPENSATED') AND updated_ms < 1790001000000 LIMIT 500"
+q "parked count" "SELECT COUNT(*) FROM dtx_global WHERE status = 'NEEDS_ATTENTION'"
+q "history of one transaction" "SELECT at_ms, event, branch_id, status, attempt, detail, actor FROM dtx_history WHERE xid = 'order-42' ORDER BY seq"
+$P -d test -c "DROP DATABASE explain1m" >/dev/null

@@ -3,10 +3,8 @@
 
 use std::time::Duration;
 
-use dtx_sdk::barrier::Action;
-use dtx_sdk::client::{TccBranch, TccOptions};
 use dtx_tests::db::{TestBackend, TestDb};
-use dtx_tests::participant::{Fault, payload};
+use dtx_tests::participant::Fault;
 use dtx_tests::test_on_all_databases;
 use dtx_tests::world::{SCHEMAS, START, World};
 
@@ -51,25 +49,7 @@ async fn an_operator_finds_fixes_and_checks_a_parked_transaction<DB: TestBackend
 ) {
     let w = World::start(db, &[]).await;
     let url = w.coordinator.url.clone();
-    w.faults.push("b1", Action::Confirm, [Fault::Refuse]);
-    let tx = w
-        .client
-        .begin(TccOptions {
-            xid: Some("order-42".into()),
-            ..TccOptions::default()
-        })
-        .await
-        .unwrap();
-    tx.call(TccBranch::new(&w.bank, "transfer", payload("alice", 10)).id("b1"))
-        .await
-        .unwrap();
-    tx.commit().await.unwrap();
-    for _ in 0..200 {
-        if status_of(&url, "order-42").await == "NEEDS_ATTENTION" {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    w.park("order-42", "alice", Fault::Refuse).await;
 
     // Find it.
     let listed = ok(&url, &["tx", "list", "--needs-attention"]).await;

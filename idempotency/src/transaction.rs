@@ -26,6 +26,15 @@ impl<C, F> TxBusiness<C> for F where
 {
 }
 
+/// One attempt of a request: its key and hash, the lease token it already owns (won through
+/// the lease path), and the business to run.
+struct Attempt<'a, F> {
+    key: &'a Key,
+    hash: &'a RequestHash,
+    owned: Option<&'a str>,
+    business: &'a F,
+}
+
 /// What one transaction attempt came to.
 enum Step {
     Answer(Answer),
@@ -65,7 +74,13 @@ impl<DB: Backend> Idempotency<DB> {
         // A token won through the lease path (fact check said "not happened").
         let mut owned: Option<String> = None;
         loop {
-            let step = self.attempt(key, hash, owned.as_deref(), &business).await;
+            let request = Attempt {
+                key,
+                hash,
+                owned: owned.as_deref(),
+                business: &business,
+            };
+            let step = self.attempt(request).await;
             match step {
                 Ok(Step::Answer(Answer::InProgress { .. })) if waiter.has_time() => {
                     waiter.pause().await
@@ -88,21 +103,12 @@ impl<DB: Backend> Idempotency<DB> {
         }
     }
 
-    async fn attempt<F>(
-        &self,
-        key: &Key,
-        hash: &RequestHash,
-        owned: Option<&str>,
-        business: &F,
-    ) -> Result<Step, Error>
+    async fn attempt<F>(&self, request: Attempt<'_, F>) -> Result<Step, Error>
     where
         F: TxBusiness<DB::Conn>,
     {
         let mut tx = DB::begin(&self.pool).await?;
-        match self
-            .in_transaction(DB::conn(&mut tx), key, hash, owned, business)
-            .await
-        {
+        match self.in_transaction(DB::conn(&mut tx), request).await {
             Ok(step) => {
                 tx.commit().await?;
                 Ok(step)
@@ -118,14 +124,17 @@ impl<DB: Backend> Idempotency<DB> {
     async fn in_transaction<F>(
         &self,
         conn: &mut DB::Conn,
-        key: &Key,
-        hash: &RequestHash,
-        owned: Option<&str>,
-        business: &F,
+        request: Attempt<'_, F>,
     ) -> Result<Step, Error>
     where
         F: TxBusiness<DB::Conn>,
     {
+        let Attempt {
+            key,
+            hash,
+            owned,
+            business,
+        } = request;
         let now = self.now_ms();
         let token = match owned {
             Some(token) => token.to_string(),

@@ -68,9 +68,13 @@ impl Browser {
         panic!("chromedriver did not start on {url}");
     }
 
+    /// The text of the element `css`, waiting (ten seconds at most) for it to appear: a click
+    /// that submits a form returns before the next page is there.
     pub async fn text(&self, css: &str) -> String {
         self.client
-            .find(Locator::Css(css))
+            .wait()
+            .at_most(Duration::from_secs(10))
+            .for_element(Locator::Css(css))
             .await
             .unwrap_or_else(|e| panic!("{css}: {e}"))
             .text()

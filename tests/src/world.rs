@@ -4,8 +4,9 @@
 
 use std::time::Duration;
 
+use dtx_proto::v1::Transaction;
 use dtx_sdk::barrier::Action;
-use dtx_sdk::client::{Coordinator, SagaStep};
+use dtx_sdk::client::{Coordinator, SagaStep, TccBranch, TccOptions};
 use dtx_sql::Schema;
 use tonic::transport::Server;
 
@@ -54,6 +55,24 @@ impl<DB: TestBackend> World<DB> {
             client,
             bank_server,
         }
+    }
+
+    /// A TCC transaction `xid` moving 10 from `account` in branch b1, whose Confirm meets
+    /// `fault` (a refusal parks it), committed and waited for until it settles or parks.
+    pub async fn park(&self, xid: &str, account: &str, fault: Fault) -> Transaction {
+        self.faults.push("b1", Action::Confirm, [fault]);
+        let options = TccOptions {
+            xid: Some(xid.into()),
+            ..TccOptions::default()
+        };
+        let tx = self.client.begin(options).await.unwrap();
+        let branch = TccBranch::new(&self.bank, "transfer", payload(account, 10)).id("b1");
+        tx.call(branch).await.unwrap();
+        tx.commit().await.unwrap();
+        self.client
+            .wait(xid, Duration::from_secs(10))
+            .await
+            .unwrap()
     }
 
     pub async fn account(&self, id: &str) -> (i64, i64) {

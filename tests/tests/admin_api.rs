@@ -401,10 +401,7 @@ async fn listing_filters_and_pages_newest_first<DB: TestBackend>(db: &'static Te
     let tx = w.client.begin(options("other-committed")).await.unwrap();
     tx.call(transfer(&w.bank, "alice").id("b1")).await.unwrap();
     tx.commit().await.unwrap();
-    w.faults.push("b1", Action::Confirm, [Fault::Refuse]);
-    let tx = w.client.begin(options("other-parked")).await.unwrap();
-    tx.call(transfer(&w.bank, "bob").id("b1")).await.unwrap();
-    tx.commit().await.unwrap();
+    w.park("other-parked", "bob", Fault::Refuse).await;
     until_status(&mut admin, "other-parked", TxStatus::NeedsAttention).await;
     until_status(&mut admin, "other-committed", TxStatus::Committed).await;
     w.client

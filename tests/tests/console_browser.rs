@@ -2,9 +2,6 @@
 //! queue, opens it, resumes it with a reason, and sees it finish and the action in the
 //! timeline; text from participants and operators containing HTML is shown as text.
 
-use std::time::Duration;
-
-use dtx_sdk::barrier::Action;
 use dtx_sdk::client::{TccBranch, TccOptions};
 use dtx_tests::browser::Browser;
 use dtx_tests::db::{TestBackend, TestDb, with_db};
@@ -20,24 +17,31 @@ async fn world_with_console<DB: TestBackend>(db: &'static TestDb<DB>) -> (World<
     (w, format!("http://{addr}"))
 }
 
-/// Begins `xid` with one transfer from alice as branch b1 whose Confirm meets `fault`, commits,
-/// and waits until it is parked.
-async fn parked<DB: TestBackend>(w: &World<DB>, xid: &str, fault: Fault) {
-    w.faults.push("b1", Action::Confirm, [fault]);
-    let tx = w
-        .client
-        .begin(TccOptions {
-            xid: Some(xid.into()),
-            ..TccOptions::default()
-        })
+/// Fills `reason` (and `operator`) into the action form `#form`, submits it, checks the
+/// confirmation page repeats the reason, and confirms.
+async fn act_through_the_form(browser: &Browser, form: &str, reason: &str, operator: &str) {
+    let b = &browser.client;
+    let form = b.find(Locator::Css(&format!("form#{form}"))).await.unwrap();
+    for (field, value) in [("reason", reason), ("operator", operator)] {
+        let input = form
+            .find(Locator::Css(&format!("input[name={field}]")))
+            .await
+            .unwrap();
+        input.send_keys(value).await.unwrap();
+    }
+    form.find(Locator::Css("button"))
+        .await
+        .unwrap()
+        .click()
         .await
         .unwrap();
-    tx.call(TccBranch::new(&w.bank, "transfer", payload("alice", 10)).id("b1"))
+    assert_eq!(browser.text("#reason").await, reason);
+    b.find(Locator::Css("#do"))
+        .await
+        .unwrap()
+        .click()
         .await
         .unwrap();
-    tx.commit().await.unwrap();
-    let t = w.client.wait(xid, Duration::from_secs(10)).await.unwrap();
-    assert_eq!(t.status(), dtx_proto::v1::TxStatus::NeedsAttention);
 }
 
 async fn an_operator_resumes_a_parked_transaction_from_the_queue<DB: TestBackend>(
@@ -47,7 +51,7 @@ async fn an_operator_resumes_a_parked_transaction_from_the_queue<DB: TestBackend
         return;
     };
     let (w, console) = world_with_console(db).await;
-    parked(&w, "order-42", Fault::Refuse).await;
+    w.park("order-42", "alice", Fault::Refuse).await;
     for i in 0..3 {
         let tx = w
             .client
@@ -89,32 +93,7 @@ async fn an_operator_resumes_a_parked_transaction_from_the_queue<DB: TestBackend
     );
 
     // Resume with a reason, through the confirmation step.
-    let form = b.find(Locator::Css("form#resume")).await.unwrap();
-    form.find(Locator::Css("input[name=reason]"))
-        .await
-        .unwrap()
-        .send_keys("bank limit raised")
-        .await
-        .unwrap();
-    form.find(Locator::Css("input[name=operator]"))
-        .await
-        .unwrap()
-        .send_keys("ops-anna")
-        .await
-        .unwrap();
-    form.find(Locator::Css("button"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
-    assert_eq!(browser.text("#reason").await, "bank limit raised");
-    b.find(Locator::Css("#do"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    act_through_the_form(&browser, "resume", "bank limit raised", "ops-anna").await;
     assert!(browser.text("#banner").await.contains("resume: done"));
 
     let page = format!("{console}/tx/order-42");
@@ -130,25 +109,7 @@ async fn an_operator_resumes_a_parked_transaction_from_the_queue<DB: TestBackend
 
     // Force rollback of a committed transaction is refused, and the page says why.
     b.goto(&page).await.unwrap();
-    let form = b.find(Locator::Css("form#rollback")).await.unwrap();
-    form.find(Locator::Css("input[name=reason]"))
-        .await
-        .unwrap()
-        .send_keys("too late")
-        .await
-        .unwrap();
-    form.find(Locator::Css("button"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
-    b.find(Locator::Css("#do"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    act_through_the_form(&browser, "rollback", "too late", "").await;
     let banner = browser.text("#banner").await;
     assert!(banner.contains("too late to roll back"), "{banner}");
     browser.close().await;
@@ -162,7 +123,8 @@ async fn html_from_participants_and_operators_is_shown_as_text<DB: TestBackend>(
     };
     let (w, console) = world_with_console(db).await;
     let hostile = "<img src=x onerror=\"window.pwned=1\"><b id=injected>bold</b>";
-    parked(&w, "html-check", Fault::RefuseWith(hostile.into())).await;
+    w.park("html-check", "alice", Fault::RefuseWith(hostile.into()))
+        .await;
     let b = &browser.client;
     let page = format!("{console}/tx/html-check");
     b.goto(&page).await.unwrap();
@@ -175,26 +137,7 @@ async fn html_from_participants_and_operators_is_shown_as_text<DB: TestBackend>(
 
     // An operator's reason with a script in it, through the confirmation page and the history.
     let reason = "<script>window.pwned=2</script>fixed";
-    let form = b.find(Locator::Css("form#resume")).await.unwrap();
-    form.find(Locator::Css("input[name=reason]"))
-        .await
-        .unwrap()
-        .send_keys(reason)
-        .await
-        .unwrap();
-    form.find(Locator::Css("button"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
-    assert_eq!(browser.text("#reason").await, reason);
-    b.find(Locator::Css("#do"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    act_through_the_form(&browser, "resume", reason, "").await;
     let history = browser.until_text(&page, "#history", reason).await;
     assert!(history.contains(hostile), "{history}");
     let pwned = b
@@ -209,20 +152,16 @@ async fn html_from_participants_and_operators_is_shown_as_text<DB: TestBackend>(
     browser.close().await;
 }
 
-// One database is enough: the console reads through the same Admin calls on every store.
-
+/// One database is enough: the console reads through the same Admin calls on every store.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn console_resume_from_the_queue() {
-    with_db::<dtx_sql::sqlx::Sqlite, _, _>(
+async fn console_in_chromium() {
+    use dtx_sql::sqlx::Sqlite;
+    with_db::<Sqlite, _, _>(
         SCHEMAS,
         an_operator_resumes_a_parked_transaction_from_the_queue,
     )
     .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn console_shows_html_as_text() {
-    with_db::<dtx_sql::sqlx::Sqlite, _, _>(
+    with_db::<Sqlite, _, _>(
         SCHEMAS,
         html_from_participants_and_operators_is_shown_as_text,
     )

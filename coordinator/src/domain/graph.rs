@@ -138,6 +138,21 @@ pub fn take_over_forward(states: &mut [BranchState]) {
     }
 }
 
+/// Random dependency lists for property tests: step `i` depends on up to three steps before
+/// it (so the graph is acyclic), `1..max_steps` steps.
+#[cfg(test)]
+pub(crate) fn dag(max_steps: usize) -> impl proptest::strategy::Strategy<Value = Vec<Vec<usize>>> {
+    use proptest::strategy::Strategy;
+    (1usize..max_steps).prop_flat_map(|n| {
+        (0..n)
+            .map(|i| {
+                proptest::collection::vec(0..i.max(1), 0..=i.min(3))
+                    .prop_map(move |d| if i == 0 { vec![] } else { d })
+            })
+            .collect::<Vec<_>>()
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -3,27 +3,25 @@
 //! Entries are produced where the change is decided (the store for creations, registrations
 //! and claims; the driver for attempts and status changes; the operator actions) and written in
 //! the same commit as the change they describe, so the history never claims a change that did
-//! not happen. A branch call that succeeded at its first attempt is folded into the status
-//! change that follows it (no entry of its own). Failed and unknown attempts are kept in the job's memory until its next write
+//! not happen. What the rows themselves record is not written again: the creation (the
+//! transaction's `created_ms` and kind) and each TCC branch's registration (its row, whose
+//! `seq` carries the registration time) are [`derived`] when the history is read, and a branch
+//! call that succeeded at its first attempt is folded into the status change that follows it.
+//! So a transaction that goes straight through adds two rows (decision or turn, final status)
+//! to commits that happen anyway. Failed and unknown attempts are kept in the job's memory until its next write
 //! (the driver does not write per attempt), so a crash loses the attempt entries since the last
 //! write, never a state change.
 
 use dtx_sql::db_enum;
 
-use super::{BranchState, TxStatus};
+use super::{BranchState, Kind, TxRecord, TxStatus};
 
 db_enum! {
     /// What an entry records (`dtx.v1.HistoryKind` names the same events).
     pub enum Event {
-        Created = "CREATED",
-        Registered = "REGISTERED",
-        Decided = "DECIDED",
-        Status = "STATUS",
-        Branch = "BRANCH",
-        AttemptFailed = "ATTEMPT_FAILED",
-        AttemptUnknown = "ATTEMPT_UNKNOWN",
-        Takeover = "TAKEOVER",
-        Operator = "OPERATOR",
+        Created = "CREATED", Registered = "REGISTERED", Decided = "DECIDED", Status = "STATUS",
+        Branch = "BRANCH", AttemptFailed = "ATTEMPT_FAILED", AttemptUnknown = "ATTEMPT_UNKNOWN",
+        Takeover = "TAKEOVER", Operator = "OPERATOR",
     }
 }
 
@@ -99,6 +97,34 @@ impl Entry {
     }
 }
 
+/// A TCC branch's `seq` is its registration time in ms times this, plus a counter below it
+/// (set by `Engine::register_branch`), so the registration time is read back from it.
+pub const SEQ_PER_MS: i64 = 1024;
+
+/// The whole history of `record`: its creation and (TCC) its branches' registrations, which
+/// the rows themselves record, merged in time order with the `stored` entries.
+pub fn derived(record: &TxRecord, stored: Vec<Entry>) -> Vec<Entry> {
+    let g = &record.global;
+    let initial = match g.kind {
+        Kind::Tcc => TxStatus::Trying,
+        Kind::Saga => TxStatus::Running,
+    };
+    let mut all = vec![Entry::tx(g.created_ms, Event::Created, Some(initial))];
+    if g.kind == Kind::Tcc {
+        let mut branches: Vec<_> = record.branches.iter().collect();
+        branches.sort_by_key(|b| b.seq);
+        all.extend(branches.into_iter().map(|b| {
+            let at = (b.seq / SEQ_PER_MS).max(g.created_ms);
+            Entry::branch(at, Event::Registered, &b.branch_id, BranchState::Pending, 0)
+                .detail(format!("{} at {}", b.handler, b.target))
+        }));
+    }
+    all.extend(stored);
+    // Stable: derived entries stay before stored ones of the same millisecond.
+    all.sort_by_key(|e| e.at_ms);
+    all
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -110,5 +136,51 @@ mod tests {
         let kept = e.detail.unwrap();
         assert!(kept.len() <= MAX_DETAIL_LEN && kept.len() >= MAX_DETAIL_LEN - 1);
         assert!(kept.chars().all(|c| c == 'é'));
+    }
+
+    #[test]
+    fn creation_and_registrations_are_read_off_the_rows() {
+        use crate::domain::{BranchRow, GlobalRow};
+        let branch = |id: &str, at_ms: i64| BranchRow {
+            branch_id: id.into(),
+            seq: at_ms * SEQ_PER_MS + 7,
+            handler: "h".into(),
+            target: "http://t".into(),
+            ..BranchRow::default()
+        };
+        let record = TxRecord {
+            global: GlobalRow {
+                xid: "x".into(),
+                kind: Kind::Tcc,
+                status: TxStatus::Committing,
+                decision: None,
+                timeout_ms: 0,
+                deadline_ms: 0,
+                spec: None,
+                branch_count: 2,
+                owner: None,
+                fence: 0,
+                due_ms: None,
+                last_error: None,
+                created_ms: 100,
+                updated_ms: 130,
+            },
+            branches: vec![branch("b2", 120), branch("b1", 110)],
+        };
+        let decided = Entry::tx(120, Event::Decided, Some(TxStatus::Committing));
+        let got: Vec<_> = derived(&record, vec![decided])
+            .into_iter()
+            .map(|e| (e.at_ms, e.event, e.branch_id, e.detail))
+            .collect();
+        let at = |b: &str| Some(b.to_string());
+        assert_eq!(
+            got,
+            [
+                (100, Event::Created, None, None),
+                (110, Event::Registered, at("b1"), at("h at http://t")),
+                (120, Event::Registered, at("b2"), at("h at http://t")),
+                (120, Event::Decided, None, None),
+            ]
+        );
     }
 }

@@ -506,17 +506,6 @@ mod tests {
         }
     }
 
-    fn dag() -> impl Strategy<Value = Vec<Vec<usize>>> {
-        (1usize..7).prop_flat_map(|n| {
-            (0..n)
-                .map(|i| {
-                    proptest::collection::vec(0..i.max(1), 0..=i.min(3))
-                        .prop_map(move |d| if i == 0 { vec![] } else { d })
-                })
-                .collect::<Vec<_>>()
-        })
-    }
-
     fn settled(s: BranchState) -> bool {
         matches!(
             s,
@@ -607,7 +596,7 @@ mod tests {
     proptest! {
         #[test]
         fn saga_scheduling_respects_dependencies_and_ends(
-            deps in dag(),
+            deps in crate::domain::graph::dag(7),
             answers in proptest::collection::vec(any::<u8>(), 1..40),
             picks in proptest::collection::vec(any::<u8>(), 1..40),
             deadline in proptest::option::of(0i64..200_000),

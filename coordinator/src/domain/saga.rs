@@ -299,23 +299,12 @@ mod tests {
         assert_eq!(plan.steps[0].headers.get("t").unwrap(), "1");
     }
 
-    /// Random DAGs (edges only from lower to higher index, so acyclic) and random outcomes:
-    /// driving the plan never starts a step before its deps are done, and compensation never
-    /// undoes a step while one depending on it still needs undoing.
-    fn dag() -> impl Strategy<Value = Vec<Vec<usize>>> {
-        (1usize..8).prop_flat_map(|n| {
-            (0..n)
-                .map(|i| {
-                    proptest::collection::vec(0..i.max(1), 0..=i.min(3))
-                        .prop_map(move |d| if i == 0 { vec![] } else { d })
-                })
-                .collect::<Vec<_>>()
-        })
-    }
-
+    // Random DAGs (edges only from lower to higher index, so acyclic) and random outcomes:
+    // driving the plan never starts a step before its deps are done, and compensation never
+    // undoes a step while one depending on it still needs undoing.
     proptest! {
         #[test]
-        fn scheduling_respects_the_graph(deps in dag(), outcomes in proptest::collection::vec(0u8..3, 8)) {
+        fn scheduling_respects_the_graph(deps in crate::domain::graph::dag(8), outcomes in proptest::collection::vec(0u8..3, 8)) {
             let names: Vec<String> = (0..deps.len()).map(|i| format!("s{i}")).collect();
             let steps = deps.iter().enumerate().map(|(i, d)| {
                 let ds: Vec<&str> = d.iter().map(|&j| names[j].as_str()).collect();

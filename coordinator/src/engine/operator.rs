@@ -229,7 +229,8 @@ impl Engine {
     /// The transaction, its branches and its history.
     pub async fn describe(&self, xid: &str) -> Result<Described> {
         let record = self.get(xid).await?;
-        let history = self.inner.store.history(xid).await?;
+        let stored = self.inner.store.history(xid).await?;
+        let history = crate::domain::history::derived(&record, stored);
         Ok(Described { record, history })
     }
 

@@ -93,8 +93,9 @@ impl Engine {
         limits::check_handler("handler", &branch.handler)?;
         limits::check_payload("payload", &branch.payload)?;
         limits::check_headers("headers", &branch.headers)?;
-        let seq = self.inner.now_ms() * 1024
-            + (self.inner.seq.fetch_add(1, Ordering::Relaxed) % 1024) as i64;
+        let per_ms = crate::domain::history::SEQ_PER_MS;
+        let seq = self.inner.now_ms() * per_ms
+            + self.inner.seq.fetch_add(1, Ordering::Relaxed) as i64 % per_ms;
         let row = BranchRow {
             branch_id: branch.branch_id,
             seq,

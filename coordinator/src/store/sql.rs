@@ -387,8 +387,33 @@ pub(crate) fn new_fence() -> i64 {
 /// History entries of a batch, each with its xid, inserted before the batch commits.
 pub(super) type History = Vec<(String, Entry)>;
 
-/// A write the writer applies inside a batch's open transaction; `now` is the database's time.
-/// It adds the history entries of what it changed to `history`.
+/// What the writes of one batch share: the database's time, and the history entries of what
+/// they changed.
+pub(super) struct Batch {
+    pub now: i64,
+    pub history: History,
+}
+
+impl Batch {
+    pub(super) fn new(now: i64) -> Batch {
+        Batch {
+            now,
+            history: History::new(),
+        }
+    }
+
+    fn push(&mut self, xid: &str, entry: Entry) {
+        self.history.push((xid.to_string(), entry));
+    }
+
+    fn record(&mut self, xid: &str, entries: &[Entry]) {
+        for entry in entries {
+            self.push(xid, entry.clone());
+        }
+    }
+}
+
+/// A write the writer applies inside a batch's open transaction.
 pub(super) trait Apply: Send + 'static {
     type Outcome: Send + 'static;
 
@@ -398,8 +423,7 @@ pub(super) trait Apply: Send + 'static {
     fn apply<C: Conn>(
         &self,
         conn: &mut C,
-        now: i64,
-        history: &mut History,
+        batch: &mut Batch,
     ) -> impl Future<Output = Result<Self::Outcome>> + Send;
 }
 
@@ -410,15 +434,11 @@ impl Apply for BeginTcc {
         &self.xid
     }
 
-    async fn apply<C: Conn>(
-        &self,
-        conn: &mut C,
-        now: i64,
-        history: &mut History,
-    ) -> Result<Created> {
+    async fn apply<C: Conn>(&self, conn: &mut C, batch: &mut Batch) -> Result<Created> {
+        let now = batch.now;
         let inserted =
             begin_tcc(conn, &self.xid, self.timeout_ms, self.deadline_ms, now, 0).await?;
-        created_unless_exists(conn, &self.xid, inserted, now, TxStatus::Trying, history).await
+        created_unless_exists(conn, &self.xid, inserted).await
     }
 }
 
@@ -429,13 +449,8 @@ impl Apply for SubmitSaga {
         &self.global.xid
     }
 
-    async fn apply<C: Conn>(
-        &self,
-        conn: &mut C,
-        now: i64,
-        history: &mut History,
-    ) -> Result<Created> {
-        let g = &self.global;
+    async fn apply<C: Conn>(&self, conn: &mut C, batch: &mut Batch) -> Result<Created> {
+        let (g, now) = (&self.global, batch.now);
         let inserted = conn
             .execute(
                 INSERT_GLOBAL.pick(C::DIALECT),
@@ -456,7 +471,7 @@ impl Apply for SubmitSaga {
                 ],
             )
             .await?;
-        created_unless_exists(conn, &g.xid, inserted, now, g.status, history).await
+        created_unless_exists(conn, &g.xid, inserted).await
     }
 }
 
@@ -467,13 +482,8 @@ impl Apply for RegisterBranch {
         &self.xid
     }
 
-    async fn apply<C: Conn>(
-        &self,
-        conn: &mut C,
-        now: i64,
-        history: &mut History,
-    ) -> Result<Registered> {
-        let (xid, b) = (self.xid.as_str(), &self.branch);
+    async fn apply<C: Conn>(&self, conn: &mut C, batch: &mut Batch) -> Result<Registered> {
+        let (xid, b, now) = (self.xid.as_str(), &self.branch, batch.now);
         // A branch that may begin its transaction is usually the first: insert the
         // transaction with this branch already counted (one statement, not three); if it
         // exists, count the branch under the row lock as any other.
@@ -508,13 +518,6 @@ impl Apply for RegisterBranch {
                 )
                 .await?;
             if inserted == 1 {
-                if begun {
-                    let created = Entry::tx(now, Event::Created, Some(TxStatus::Trying));
-                    history.push((xid.to_string(), created));
-                }
-                let registered = Entry::branch(now, Event::Registered, &b.branch_id, b.state, 0)
-                    .detail(format!("{} at {}", b.handler, b.target));
-                history.push((xid.to_string(), registered));
                 return Ok(Registered::Added { begun });
             }
             conn.execute(UNCOUNT_BRANCH, args![xid]).await?;
@@ -534,13 +537,8 @@ impl Apply for Decide {
         &self.xid
     }
 
-    async fn apply<C: Conn>(
-        &self,
-        conn: &mut C,
-        now: i64,
-        history: &mut History,
-    ) -> Result<Decided> {
-        let (xid, owner) = (self.xid.as_str(), self.owner.as_str());
+    async fn apply<C: Conn>(&self, conn: &mut C, batch: &mut Batch) -> Result<Decided> {
+        let (xid, owner, now) = (self.xid.as_str(), self.owner.as_str(), batch.now);
         let n = match self.decision {
             // Commit only before the deadline; Rollback whatever the deadline.
             Decision::Commit => {
@@ -562,7 +560,7 @@ impl Apply for Decide {
             let TxRecord { global, branches } = read_tcc_record(conn, xid)
                 .await?
                 .ok_or_else(|| Error::Corrupt(format!("{xid} vanished while deciding")))?;
-            record(history, xid, &self.history);
+            batch.record(xid, &self.history);
             return Ok(Decided::Claimed { global, branches });
         }
         Ok(match read_global(conn, xid).await? {
@@ -579,15 +577,10 @@ impl Apply for Progress {
         &self.xid
     }
 
-    async fn apply<C: Conn>(
-        &self,
-        conn: &mut C,
-        now: i64,
-        history: &mut History,
-    ) -> Result<Progressed> {
-        let progressed = progress(conn, self, now).await?;
+    async fn apply<C: Conn>(&self, conn: &mut C, batch: &mut Batch) -> Result<Progressed> {
+        let progressed = progress(conn, self, batch.now).await?;
         if progressed == Progressed::Applied {
-            record(history, &self.xid, &self.history);
+            batch.record(&self.xid, &self.history);
         }
         Ok(progressed)
     }
@@ -625,21 +618,11 @@ async fn begin_tcc<C: Conn>(
         .await?)
 }
 
-/// `Inserted` (recorded in the history as created in `status`), or the row that was there
-/// before the insert was ignored.
-async fn created_unless_exists<C: Conn>(
-    conn: &mut C,
-    xid: &str,
-    inserted: u64,
-    now: i64,
-    status: TxStatus,
-    history: &mut History,
-) -> Result<Created> {
+/// `Inserted`, or the row that was there before the insert was ignored. (Creations and
+/// registrations are not history rows: the history derives them from the rows themselves, see
+/// [`crate::domain::history::derived`].)
+async fn created_unless_exists<C: Conn>(conn: &mut C, xid: &str, inserted: u64) -> Result<Created> {
     if inserted == 1 {
-        history.push((
-            xid.to_string(),
-            Entry::tx(now, Event::Created, Some(status)),
-        ));
         return Ok(Created::Inserted);
     }
     read_global(conn, xid)
@@ -770,10 +753,6 @@ fn list_statement<'a>(
     list.push(Arg::from(q.limit.max(0)));
     let sql = format!("{LIST_GLOBAL}{filters} ORDER BY created_ms DESC, {xid} DESC LIMIT ?");
     (sql, list)
-}
-
-fn record(history: &mut History, xid: &str, entries: &[Entry]) {
-    history.extend(entries.iter().map(|e| (xid.to_string(), e.clone())));
 }
 
 /// The next history sequence numbers for `n` entries committed at `now`: the database time

@@ -20,7 +20,7 @@ use dtx_sql::{Backend, Conn};
 use tokio::sync::{Mutex, mpsc, oneshot};
 
 use super::clock::DbClock;
-use super::sql::{Apply, History, insert_history};
+use super::sql::{Apply, Batch, insert_history};
 use super::{BeginTcc, Decide, Progress, RegisterBranch, StoreOptions, StoreStats, SubmitSaga};
 use crate::error::{Error, Result};
 
@@ -70,14 +70,9 @@ impl Job {
         with_slot!(self, s => s.write.xid())
     }
 
-    async fn apply<C: Conn>(
-        &mut self,
-        conn: &mut C,
-        now: i64,
-        history: &mut History,
-    ) -> Result<()> {
+    async fn apply<C: Conn>(&mut self, conn: &mut C, batch: &mut Batch) -> Result<()> {
         with_slot!(self, s => {
-            s.outcome = Some(s.write.apply(conn, now, history).await?);
+            s.outcome = Some(s.write.apply(conn, batch).await?);
         });
         Ok(())
     }
@@ -199,12 +194,11 @@ async fn run<DB: Backend>(
 /// batch), and commits it.
 async fn commit<DB: Backend>(pool: &Pool<DB>, jobs: &mut [Job], clock: &DbClock) -> Result<()> {
     let mut tx = DB::begin(pool).await?;
-    let now = clock.now_ms();
-    let mut history = History::new();
+    let mut batch = Batch::new(clock.now_ms());
     for job in jobs.iter_mut() {
-        job.apply(DB::conn(&mut tx), now, &mut history).await?;
+        job.apply(DB::conn(&mut tx), &mut batch).await?;
     }
-    insert_history(DB::conn(&mut tx), &history, now).await?;
+    insert_history(DB::conn(&mut tx), &batch.history, batch.now).await?;
     tx.commit().await?;
     Ok(())
 }
