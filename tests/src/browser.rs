@@ -13,10 +13,22 @@ use crate::db::in_ci;
 const DRIVER: &str = "/usr/bin/chromedriver";
 const CHROMIUM: &str = "/usr/bin/chromium";
 
-/// A browser session; the driver process is killed when dropped.
+/// A browser session; the driver and its browser are killed when dropped (also when the test
+/// failed before closing the session).
 pub struct Browser {
     pub client: Client,
     _driver: Child,
+    /// The browser's profile folder, unique to this session: names its processes.
+    profile: String,
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("pkill")
+            .args(["-9", "-f", &self.profile])
+            .status();
+        let _ = std::fs::remove_dir_all(&self.profile);
+    }
 }
 
 impl Browser {
@@ -39,13 +51,15 @@ impl Browser {
             .kill_on_drop(true)
             .spawn()
             .expect("start chromedriver");
+        let profile = format!("{}/dtx-browser-{port}", std::env::temp_dir().display());
         let mut caps = serde_json::Map::new();
         caps.insert(
             "goog:chromeOptions".into(),
             json!({
                 "binary": CHROMIUM,
                 "args": ["--headless=new", "--no-sandbox", "--disable-gpu",
-                         "--disable-dev-shm-usage", "--window-size=1400,1000"],
+                         "--disable-dev-shm-usage", "--window-size=1400,1000",
+                         format!("--user-data-dir={profile}")],
             }),
         );
         let url = format!("http://127.0.0.1:{port}");
@@ -60,6 +74,7 @@ impl Browser {
                     return Some(Browser {
                         client,
                         _driver: driver,
+                        profile,
                     });
                 }
                 Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
@@ -108,6 +123,6 @@ impl Browser {
     }
 
     pub async fn close(self) {
-        self.client.close().await.ok();
+        self.client.clone().close().await.ok();
     }
 }

@@ -6,6 +6,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use dtx_coordinator::domain::history::{Entry, Event};
 use dtx_coordinator::domain::{BranchRow, BranchState, Decision, TxStatus};
 use dtx_coordinator::store::{
     BeginTcc, Created, Decide, Decided, Progress, Progressed, RegisterBranch, Registered, SqlStore,
@@ -398,12 +399,26 @@ async fn finished_transactions_are_purged_with_their_branches<DB: TestBackend>(
         done.state = BranchState::Confirmed;
         let mut p = progress(&xid, 5, TxStatus::Committing, TxStatus::Committed);
         p.branches = vec![done];
+        p.history = vec![Entry::tx(
+            now_ms(),
+            Event::Status,
+            Some(TxStatus::Committed),
+        )];
         assert_eq!(s.progress(p).await.unwrap(), Progressed::Applied);
     }
+    assert_eq!(
+        s.history("old3").await.unwrap().len(),
+        1,
+        "written with the change"
+    );
     s.begin_tcc(begin("running", 60_000)).await.unwrap();
     tokio::time::sleep(Duration::from_millis(5)).await;
     assert_eq!(s.purge_finished(now_ms(), 3).await.unwrap(), 7);
     assert!(s.get("old3").await.unwrap().is_none());
+    assert!(
+        s.history("old3").await.unwrap().is_empty(),
+        "history goes with its transaction"
+    );
     assert!(
         s.get("running").await.unwrap().is_some(),
         "unfinished work is never purged"
