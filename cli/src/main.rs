@@ -54,7 +54,7 @@ enum Command {
 
 #[derive(Subcommand)]
 enum Tx {
-    /// Newest first, one page (`--page-token` from the previous page's output for the next).
+    /// Most recently changed first, one page (`--page-token` from the output for the next).
     List(ListArgs),
     /// A transaction, its branches and its history.
     Show { xid: String },
@@ -77,7 +77,7 @@ struct ListArgs {
     /// Only xids starting with this.
     #[arg(long)]
     prefix: Option<String>,
-    /// Only transactions created at least this long ago (`30s`, `10m`, `2h`, `1d`).
+    /// Only transactions unchanged for at least this long (`30s`, `10m`, `2h`, `1d`).
     #[arg(long, value_parser = duration::parse)]
     older_than: Option<std::time::Duration>,
     /// Shorthand for `--status needs_attention`.

@@ -163,9 +163,9 @@ fn domain_status(status: i32) -> Result<TxStatus, Status> {
         .ok_or_else(|| Status::invalid_argument(format!("statuses: {status} is not a TxStatus")))
 }
 
-/// A page token: the last row's creation time and xid (`~` is outside the xid charset).
+/// A page token: the last row's update time and xid (`~` is outside the xid charset).
 fn page_token(row: &GlobalRow) -> String {
-    format!("{}~{}", row.created_ms, row.xid)
+    format!("{}~{}", row.updated_ms, row.xid)
 }
 
 fn parse_page_token(token: &str) -> Result<Option<(i64, String)>, Status> {
@@ -217,20 +217,20 @@ fn list_query(req: wire::ListTransactionsRequest, now_ms: i64) -> Result<ListQue
         0 => limits::DEFAULT_LIST_LIMIT,
         n => n,
     };
-    let mut created_to = bound(req.created_to_unix_ms);
+    let mut updated_to = bound(req.updated_to_unix_ms);
     if req.older_than_ms > 0 {
         let older = now_ms.saturating_sub(req.older_than_ms.min(i64::MAX as u64) as i64);
-        created_to = Some(created_to.map_or(older, |to| to.min(older)));
+        updated_to = Some(updated_to.map_or(older, |to| to.min(older)));
     }
     Ok(ListQuery {
         statuses,
         kind,
         xid_prefix,
-        created: (bound(req.created_from_unix_ms), created_to),
-        updated: (
-            bound(req.updated_from_unix_ms),
-            bound(req.updated_to_unix_ms),
+        created: (
+            bound(req.created_from_unix_ms),
+            bound(req.created_to_unix_ms),
         ),
+        updated: (bound(req.updated_from_unix_ms), updated_to),
         after: parse_page_token(&req.page_token)?,
         limit: i64::from(limit),
     })

@@ -136,7 +136,9 @@ pub enum Progressed {
     Fenced,
 }
 
-/// Which transactions [`Store::list`] returns, newest first (by `created_ms`, then xid).
+/// Which transactions [`Store::list`] returns, most recently changed first (by `updated_ms`,
+/// then xid): the order of the `(status, updated_ms)` index the store already keeps, so
+/// listing costs the write path nothing.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ListQuery {
     /// Any of these; empty = every status.
@@ -147,7 +149,7 @@ pub struct ListQuery {
     /// Inclusive bounds on `created_ms` and `updated_ms`.
     pub created: (Option<i64>, Option<i64>),
     pub updated: (Option<i64>, Option<i64>),
-    /// Strictly after this `(created_ms, xid)` in the listing order (the previous page's last).
+    /// Strictly after this `(updated_ms, xid)` in the listing order (the previous page's last).
     pub after: Option<(i64, String)>,
     pub limit: i64,
 }

@@ -225,7 +225,7 @@ impl<DB: Backend> SqlStore<DB> {
     async fn list_rows(&self, q: &ListQuery) -> Result<Vec<GlobalRow>> {
         let mut conn = self.pool.acquire().await?;
         let conn = DB::pooled(&mut conn);
-        // Every status when none is asked for: the one (status, created) index serves all.
+        // Every status when none is asked for: the one (status, updated_ms) index serves all.
         let mut statuses = match q.statuses.is_empty() {
             true => TxStatus::ALL.to_vec(),
             false => q.statuses.clone(),
@@ -240,7 +240,7 @@ impl<DB: Backend> SqlStore<DB> {
                 rows.push(global_from_row(&row)?);
             }
         }
-        rows.sort_by(|a, b| (b.created_ms, &b.xid).cmp(&(a.created_ms, &a.xid)));
+        rows.sort_by(|a, b| (b.updated_ms, &b.xid).cmp(&(a.updated_ms, &a.xid)));
         rows.truncate(q.limit.max(0) as usize);
         Ok(rows)
     }
@@ -743,15 +743,15 @@ fn list_statement<'a>(
             filter(format!("{column} <= ?"), args![to]);
         }
     }
-    if let Some((created, after)) = &q.after {
+    if let Some((updated, after)) = &q.after {
         filter(
-            format!("created_ms <= ? AND (created_ms < ? OR {xid} < ?)"),
-            args![*created, *created, after.as_str()],
+            format!("updated_ms <= ? AND (updated_ms < ? OR {xid} < ?)"),
+            args![*updated, *updated, after.as_str()],
         );
     }
     let filters = format!(" WHERE {}", filters.join(" AND "));
     list.push(Arg::from(q.limit.max(0)));
-    let sql = format!("{LIST_GLOBAL}{filters} ORDER BY created_ms DESC, {xid} DESC LIMIT ?");
+    let sql = format!("{LIST_GLOBAL}{filters} ORDER BY updated_ms DESC, {xid} DESC LIMIT ?");
     (sql, list)
 }
 

@@ -1,4 +1,4 @@
--- What operators read: a transaction's history, and indexes for listing newest first.
+-- What operators read: a transaction's history.
 -- (Column meanings: see the PostgreSQL migration of the same number.)
 
 CREATE TABLE IF NOT EXISTS dtx_history (
@@ -14,5 +14,3 @@ CREATE TABLE IF NOT EXISTS dtx_history (
     KEY dtx_history_xid (xid, seq)
 ) ENGINE = InnoDB;
 
-CREATE INDEX IF NOT EXISTS dtx_global_status_created ON dtx_global (status, created_ms, xid);
-DROP INDEX IF EXISTS dtx_global_status_updated ON dtx_global;

@@ -1,4 +1,4 @@
--- What operators read: a transaction's history, and indexes for listing newest first.
+-- What operators read: a transaction's history.
 --
 -- dtx_history: one row per event (created, registered, decided, status change, branch change,
 -- failed or unknown attempt, takeover, operator action), written in the commit of the change it
@@ -10,9 +10,8 @@
 --   seq     orders a transaction's entries: the database time of the commit x 1000, strictly
 --           increasing per coordinator process (no sequence or unique key: nothing to contend on)
 --
--- dtx_global_status_created serves every listing (one walk per status, merged) and replaces
--- dtx_global_status_updated (the purge and the parked count use its status prefix), so a
--- status change updates as many indexes as before.
+-- Listings walk the existing dtx_global_status_updated index (one walk per status, merged):
+-- an index for listing by creation time cost the saga benchmark about a third of its rate.
 
 CREATE TABLE IF NOT EXISTS dtx_history (
     seq       BIGINT       NOT NULL,
@@ -27,5 +26,3 @@ CREATE TABLE IF NOT EXISTS dtx_history (
 );
 CREATE INDEX IF NOT EXISTS dtx_history_xid ON dtx_history (xid, seq);
 
-CREATE INDEX IF NOT EXISTS dtx_global_status_created ON dtx_global (status, created_ms, xid);
-DROP INDEX IF EXISTS dtx_global_status_updated;

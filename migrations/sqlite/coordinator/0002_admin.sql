@@ -1,4 +1,4 @@
--- What operators read: a transaction's history, and indexes for listing newest first.
+-- What operators read: a transaction's history.
 --
 -- dtx_history: one row per event (created, registered, decided, status change, branch change,
 -- failed or unknown attempt, takeover, operator action), written in the commit of the change it
@@ -21,5 +21,3 @@ CREATE TABLE IF NOT EXISTS dtx_history (
 );
 CREATE INDEX IF NOT EXISTS dtx_history_xid ON dtx_history (xid, seq);
 
-CREATE INDEX IF NOT EXISTS dtx_global_status_created ON dtx_global (status, created_ms, xid);
-DROP INDEX IF EXISTS dtx_global_status_updated;
