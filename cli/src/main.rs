@@ -4,12 +4,12 @@
 //! (the action does not apply to the transaction's status), 5 invalid input, 6 the
 //! coordinator is unreachable or unavailable.
 
-mod duration;
 mod output;
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
+use dtx_proto::duration;
 use dtx_proto::v1 as wire;
 use dtx_proto::v1::admin_client::AdminClient;
 use tonic::Code;

@@ -6,7 +6,7 @@ use serde_json::{Value, json};
 
 use dtx_proto::present::{short, utc as time};
 
-use crate::duration::human;
+use dtx_proto::duration::human;
 
 fn status(t: &wire::Transaction) -> String {
     short(t.status().as_str_name(), "TX_STATUS_")

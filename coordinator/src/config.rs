@@ -5,7 +5,8 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use crate::engine::EngineConfig;
+use crate::domain::alert::AlertRules;
+use crate::engine::{AlertConfig, EngineConfig};
 use crate::store::StoreOptions;
 
 /// The dtx coordinator: drives TCC transactions and sagas to a terminal state.
@@ -70,6 +71,44 @@ pub struct Config {
     #[arg(long, env = "DTX_MAX_CLOCK_SKEW_MS", default_value_t = millis(EngineConfig::default().max_clock_skew))]
     pub max_clock_skew_ms: u64,
 
+    /// POST a signed JSON event here when a transaction parks, stays open too long or a branch
+    /// keeps failing (repeatable; comma-separated in the environment). Off when none is given.
+    #[arg(
+        long = "alert-webhook",
+        env = "DTX_ALERT_WEBHOOK",
+        value_delimiter = ','
+    )]
+    pub alert_webhooks: Vec<String>,
+
+    /// Key of the events' HMAC-SHA256 `dtx-signature` header (prefer the environment: flags
+    /// show in process listings). Without it events are sent unsigned.
+    #[arg(long, env = "DTX_ALERT_SECRET", hide_env_values = true)]
+    pub alert_secret: Option<String>,
+
+    /// A transaction not terminal this long after it began raises a stuck alert (`30s`, `10m`,
+    /// `2h`; parked transactions have their own alert).
+    #[arg(long, env = "DTX_ALERT_STUCK_AFTER", default_value = "10m", value_parser = dtx_proto::duration::parse)]
+    pub alert_stuck_after: Duration,
+
+    /// A branch failing or giving no answer more often than this raises an alert (once per
+    /// branch).
+    #[arg(long, env = "DTX_ALERT_ATTEMPTS", default_value_t = 5)]
+    pub alert_attempts: u32,
+
+    /// Longest wait between two delivery attempts of an alert to a webhook that does not
+    /// acknowledge it (the wait doubles from 1 s up to this).
+    #[arg(long, env = "DTX_ALERT_RETRY_MAX", default_value = "1m", value_parser = dtx_proto::duration::parse)]
+    pub alert_retry_max: Duration,
+
+    /// How long one webhook call may take before it counts as failed.
+    #[arg(long, env = "DTX_ALERT_TIMEOUT", default_value = "10s", value_parser = dtx_proto::duration::parse)]
+    pub alert_timeout: Duration,
+
+    /// The web console's address as people reach it, for the link in each alert (default:
+    /// http:// and `--admin-listen`, if given).
+    #[arg(long, env = "DTX_ALERT_CONSOLE_URL")]
+    pub alert_console_url: Option<String>,
+
     /// On SIGTERM/Ctrl-C, how long drivers may finish in-flight calls before exiting.
     #[arg(long, env = "DTX_SHUTDOWN_GRACE_MS", default_value_t = millis(DEFAULT_SHUTDOWN_GRACE))]
     pub shutdown_grace_ms: u64,
@@ -85,8 +124,10 @@ fn millis(d: Duration) -> u64 {
 impl Config {
     pub fn engine(&self) -> EngineConfig {
         let default = EngineConfig::default();
+        let instance = self.instance.clone().unwrap_or(default.instance.clone());
         EngineConfig {
-            instance: self.instance.clone().unwrap_or(default.instance),
+            alerts: self.alerts(&instance),
+            instance,
             lease: Duration::from_millis(self.lease_ms.max(100)),
             poll_interval: Duration::from_millis(self.poll_ms.max(10)),
             handoff_after: Duration::from_millis(self.handoff_ms),
@@ -95,6 +136,29 @@ impl Config {
             max_clock_skew: Duration::from_millis(self.max_clock_skew_ms),
             ..default
         }
+    }
+
+    /// Where alerts go, if any webhook is configured.
+    fn alerts(&self, instance: &str) -> Option<AlertConfig> {
+        if self.alert_webhooks.is_empty() {
+            return None;
+        }
+        let console_url = self
+            .alert_console_url
+            .clone()
+            .or_else(|| self.admin_listen.map(|a| format!("http://{a}")));
+        Some(AlertConfig {
+            webhooks: self.alert_webhooks.clone(),
+            secret: self.alert_secret.clone(),
+            stuck_after: self.alert_stuck_after,
+            rules: AlertRules {
+                attempts: i64::from(self.alert_attempts),
+                console_url,
+                instance: instance.to_string(),
+            },
+            retry_max: self.alert_retry_max.max(Duration::from_secs(1)),
+            timeout: self.alert_timeout.max(Duration::from_millis(100)),
+        })
     }
 
     pub fn store_options(&self) -> StoreOptions {

@@ -11,6 +11,7 @@
 
 pub mod answer;
 pub mod codec;
+pub mod duration;
 pub mod limits;
 pub mod present;
 

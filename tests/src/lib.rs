@@ -10,6 +10,7 @@ pub mod idempotency;
 pub mod ledger;
 pub mod net;
 pub mod participant;
+pub mod webhook;
 pub mod world;
 
 /// A uniform number in [0, 1) determined by `seed` and `key` alone (FNV-1a, then SplitMix64),

@@ -35,16 +35,7 @@ pub struct World<DB: TestBackend> {
 impl<DB: TestBackend> World<DB> {
     /// The bank and a coordinator (with [`crate::coordinator::FAST`] settings plus `flags`).
     pub async fn start(db: &'static TestDb<DB>, flags: &[&str]) -> World<DB> {
-        ledger::create_tables(&db.pool).await;
-        for account in ["alice", "bob", "carol"] {
-            ledger::open_account(&db.pool, account, START).await;
-        }
-        let faults = Faults::default();
-        let bank_server = serve(
-            Server::builder()
-                .add_service(Bank::new(db.pool.clone(), faults.clone()).into_service()),
-        )
-        .await;
+        let (faults, bank_server) = bank(db).await;
         let coordinator = InProcess::start(&db.url, flags).await;
         let client = coordinator.client().await;
         World {
@@ -60,19 +51,7 @@ impl<DB: TestBackend> World<DB> {
     /// A TCC transaction `xid` moving 10 from `account` in branch b1, whose Confirm meets
     /// `fault` (a refusal parks it), committed and waited for until it settles or parks.
     pub async fn park(&self, xid: &str, account: &str, fault: Fault) -> Transaction {
-        self.faults.push("b1", Action::Confirm, [fault]);
-        let options = TccOptions {
-            xid: Some(xid.into()),
-            ..TccOptions::default()
-        };
-        let tx = self.client.begin(options).await.unwrap();
-        let branch = TccBranch::new(&self.bank, "transfer", payload(account, 10)).id("b1");
-        tx.call(branch).await.unwrap();
-        tx.commit().await.unwrap();
-        self.client
-            .wait(xid, Duration::from_secs(10))
-            .await
-            .unwrap()
+        park(&self.client, &self.bank, &self.faults, xid, account, fault).await
     }
 
     pub async fn account(&self, id: &str) -> (i64, i64) {
@@ -84,6 +63,44 @@ impl<DB: TestBackend> World<DB> {
     }
 }
 
+/// The accounts `alice`, `bob` and `carol` (at [`START`]) and the bank on a real gRPC port,
+/// with the faults it injects.
+pub async fn bank<DB: TestBackend>(db: &'static TestDb<DB>) -> (Faults, RunningServer) {
+    ledger::create_tables(&db.pool).await;
+    for account in ["alice", "bob", "carol"] {
+        ledger::open_account(&db.pool, account, START).await;
+    }
+    let faults = Faults::default();
+    let bank = serve(
+        Server::builder().add_service(Bank::new(db.pool.clone(), faults.clone()).into_service()),
+    )
+    .await;
+    (faults, bank)
+}
+
+/// A TCC transaction `xid` through `client` moving 10 from `account` in branch b1 at `bank`,
+/// whose Confirm meets `fault` (a refusal parks it), committed and waited for until it settles
+/// or parks.
+pub async fn park(
+    client: &Coordinator,
+    bank: &str,
+    faults: &Faults,
+    xid: &str,
+    account: &str,
+    fault: Fault,
+) -> Transaction {
+    faults.push("b1", Action::Confirm, [fault]);
+    let options = TccOptions {
+        xid: Some(xid.into()),
+        ..TccOptions::default()
+    };
+    let tx = client.begin(options).await.unwrap();
+    let branch = TccBranch::new(bank, "transfer", payload(account, 10)).id("b1");
+    tx.call(branch).await.unwrap();
+    tx.commit().await.unwrap();
+    client.wait(xid, Duration::from_secs(10)).await.unwrap()
+}
+
 /// Alice's account (at [`START`]) and the bank on a real gRPC port, with `branch`'s saga action
 /// delayed by `delay` in the network: for tests that act while that step is in flight.
 pub async fn alice_with_a_slow_step<DB: TestBackend>(
@@ -91,14 +108,8 @@ pub async fn alice_with_a_slow_step<DB: TestBackend>(
     branch: &str,
     delay: Duration,
 ) -> (Faults, RunningServer) {
-    ledger::create_tables(&db.pool).await;
-    ledger::open_account(&db.pool, "alice", START).await;
-    let faults = Faults::default();
+    let (faults, bank) = bank(db).await;
     faults.push(branch, Action::Action, [Fault::Delay(delay)]);
-    let bank = serve(
-        Server::builder().add_service(Bank::new(db.pool.clone(), faults.clone()).into_service()),
-    )
-    .await;
     (faults, bank)
 }
 

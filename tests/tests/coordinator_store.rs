@@ -6,11 +6,12 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use dtx_coordinator::domain::alert::{Alert, AlertKind};
 use dtx_coordinator::domain::history::{Entry, Event};
 use dtx_coordinator::domain::{BranchRow, BranchState, Decision, TxStatus};
 use dtx_coordinator::store::{
-    BeginTcc, Created, Decide, Decided, Progress, Progressed, RegisterBranch, Registered, SqlStore,
-    Store, StoreOptions,
+    BeginTcc, Created, Decide, Decided, Delivery, Progress, Progressed, RegisterBranch, Registered,
+    SqlStore, Store, StoreOptions,
 };
 use dtx_sql::{Schema, now_ms};
 use dtx_tests::db::{TestBackend, TestDb};
@@ -78,6 +79,7 @@ fn progress(xid: &str, fence: i64, from: TxStatus, to: TxStatus) -> Progress {
         last_error: None,
         branches: Vec::new(),
         history: Vec::new(),
+        alerts: Vec::new(),
     }
 }
 
@@ -454,5 +456,96 @@ async fn parked_transactions_are_counted_for_the_alert_gauge<DB: TestBackend>(
 }
 test_on_all_databases!(
     parked_transactions_are_counted_for_the_alert_gauge,
+    &[Schema::Coordinator]
+);
+
+fn alert(id: &str, xid: &str) -> Alert {
+    Alert {
+        id: id.into(),
+        xid: xid.into(),
+        kind: AlertKind::Parked,
+        at_ms: now_ms(),
+        body: format!("{{\"id\":\"{id}\"}}"),
+    }
+}
+
+/// An alert is stored only with the change that raised it, once per id, and the delivery
+/// queue hands each due alert to one sender at a time until it is delivered.
+async fn alerts_are_stored_with_their_change_and_delivered_through_claims<DB: TestBackend>(
+    db: &'static TestDb<DB>,
+) {
+    let s = store(db).await;
+    for xid in ["a1", "a2"] {
+        s.begin_tcc(begin(xid, 60_000)).await.unwrap();
+        s.decide(decide(xid, Decision::Commit, 9)).await.unwrap();
+    }
+    // A fenced write stores nothing, not even its alert.
+    let mut stale = progress("a1", 8, TxStatus::Committing, TxStatus::NeedsAttention);
+    stale.alerts = vec![alert("parked:a1:8", "a1")];
+    assert_eq!(s.progress(stale).await.unwrap(), Progressed::Fenced);
+    assert!(
+        s.claim_alerts(Duration::from_secs(30), 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+
+    let mut park = progress("a1", 9, TxStatus::Committing, TxStatus::NeedsAttention);
+    park.alerts = vec![alert("parked:a1:9", "a1")];
+    assert_eq!(s.progress(park).await.unwrap(), Progressed::Applied);
+    // The same id again (a stuck scan on two instances, say) is kept once.
+    let again = [alert("parked:a1:9", "a1"), alert("stuck:a2", "a2")];
+    assert_eq!(s.add_alerts(&again).await.unwrap(), 1);
+
+    let claimed = s.claim_alerts(Duration::from_secs(30), 10).await.unwrap();
+    let mut ids: Vec<_> = claimed.iter().map(|a| a.id.as_str()).collect();
+    ids.sort();
+    assert_eq!(ids, ["parked:a1:9", "stuck:a2"]);
+    assert_eq!(claimed[0].body, format!("{{\"id\":\"{}\"}}", claimed[0].id));
+    // Claimed: no other sender gets them while the claim lasts.
+    assert!(
+        s.claim_alerts(Duration::from_secs(30), 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+
+    // One delivered everywhere, one reached one webhook of two and is due again at once.
+    let done = Delivery {
+        delivered: vec!["w1".into(), "w2".into()],
+        retry_at_ms: None,
+        error: None,
+    };
+    let partly = Delivery {
+        delivered: vec!["w1".into()],
+        retry_at_ms: Some(0),
+        error: Some("w2: HTTP 503".into()),
+    };
+    s.finish_alert("parked:a1:9", &done).await.unwrap();
+    s.finish_alert("stuck:a2", &partly).await.unwrap();
+    let again = s.claim_alerts(Duration::from_secs(30), 10).await.unwrap();
+    assert_eq!(again.len(), 1);
+    assert_eq!(
+        (
+            again[0].id.as_str(),
+            again[0].attempts,
+            again[0].delivered.clone()
+        ),
+        ("stuck:a2", 1, vec!["w1".to_string()])
+    );
+
+    // A claim that is never finished (the sender died) is due again once it expires.
+    s.finish_alert("stuck:a2", &partly).await.unwrap();
+    let held = s
+        .claim_alerts(Duration::from_millis(300), 10)
+        .await
+        .unwrap();
+    assert_eq!(held.len(), 1);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let retaken = s.claim_alerts(Duration::from_secs(30), 10).await.unwrap();
+    assert_eq!(retaken.len(), 1, "an expired claim is taken again");
+}
+test_on_all_databases!(
+    alerts_are_stored_with_their_change_and_delivered_through_claims,
     &[Schema::Coordinator]
 );

@@ -159,6 +159,11 @@ impl Job {
         std::mem::take(&mut self.history)
     }
 
+    /// The history entries not yet written.
+    pub fn history(&self) -> &[Entry] {
+        &self.history
+    }
+
     /// Prepares a job read back from the store by recovery: in the forward phase every step
     /// not recorded as settled may have been sent by the previous driver.
     pub fn taken_over(mut self) -> Job {

@@ -2,6 +2,7 @@
 //! records, saga plans (dependency graph, what may run or compensate next), retry backoff.
 //! Nothing here does I/O, so all of it is unit- and property-tested directly.
 
+pub mod alert;
 pub mod backoff;
 pub mod graph;
 pub mod history;

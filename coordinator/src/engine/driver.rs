@@ -10,6 +10,7 @@
 //! carries the driver's fencing token; a fenced write means another coordinator took over, and
 //! this driver stops.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,6 +22,7 @@ use tokio::time::Instant;
 
 use super::participants::Call;
 use super::{Active, Inner};
+use crate::domain::alert;
 use crate::domain::history::{Entry, Event};
 use crate::domain::job::{CallOutcome, Job, Next, Phase};
 use crate::domain::{Decision, TxStatus};
@@ -76,6 +78,8 @@ pub async fn drive(
     let mut renew_at = Instant::now() + lease / 3;
     let mut calls: Pending = FuturesUnordered::new();
     let mut shutdown = inner.shutdown.subscribe();
+    // Branches whose attempts alert was written: one beyond the bound forces a write at once.
+    let mut alerted: HashSet<String> = HashSet::new();
     publish(&active, &job, None);
     loop {
         let until_ms = match job.next(inner.now_ms(), handoff_after_ms) {
@@ -111,6 +115,13 @@ pub async fn drive(
             Some((i, outcome)) = calls.next(), if !calls.is_empty() => {
                 job.record(i, outcome, inner.now_ms(), rand::random());
                 publish(&active, &job, None);
+                if let Some(alerts) = &inner.config.alerts {
+                    for branch in alert::over_attempts(job.history(), &alerts.rules) {
+                        if alerted.insert(branch.to_string()) {
+                            renew_at = Instant::now();
+                        }
+                    }
+                }
             }
             Some((entry, reply)) = nudges.recv() => {
                 reply.send(job.retry_now(entry)).ok();
@@ -253,6 +264,10 @@ impl Inner {
                 .actor
                 .get_or_insert_with(|| self.config.instance.clone());
         }
+        let alerts = match &self.config.alerts {
+            Some(a) => alert::raised_by(&job.xid, job.kind, job.fence, &history, &a.rules),
+            None => Vec::new(),
+        };
         Progress {
             xid: job.xid.clone(),
             fence: job.fence,
@@ -265,6 +280,7 @@ impl Inner {
             last_error,
             branches: job.rows(),
             history,
+            alerts,
         }
     }
 
@@ -272,8 +288,14 @@ impl Inner {
     /// driver then stops and recovery takes over once the lease expires).
     pub(super) async fn write_fenced(&self, progress: Progress) -> bool {
         let xid = progress.xid.clone();
+        let raised = !progress.alerts.is_empty();
         match self.store.progress(progress).await {
-            Ok(Progressed::Applied) => true,
+            Ok(Progressed::Applied) => {
+                if raised {
+                    self.wake_alerts.notify_one();
+                }
+                true
+            }
             Ok(Progressed::Fenced) => {
                 tracing::info!(%xid, "another coordinator owns the transaction now; stopping");
                 false

@@ -8,6 +8,7 @@
 //! Transactions being driven here are also kept in memory ([`Active`]) so Get and Wait answer
 //! from the driver's live view instead of polling the store.
 
+mod alerts;
 mod driver;
 mod jobs;
 mod metrics;
@@ -30,6 +31,7 @@ use crate::domain::{BranchRow, GlobalRow, TxRecord, TxStatus};
 use crate::store::Store;
 
 pub use crate::domain::job::CallOutcome;
+pub use alerts::AlertConfig;
 pub use driver::Ended;
 pub use metrics::Metrics;
 pub use operator::{Acted, Described, Operator};
@@ -57,6 +59,8 @@ pub struct EngineConfig {
     /// A local wall clock further than this from the database's is logged at WARN (the
     /// engine runs on the database's time either way; a large offset means a host to fix).
     pub max_clock_skew: Duration,
+    /// Alert webhooks; `None`: no alerts are raised or stored.
+    pub alerts: Option<AlertConfig>,
 }
 
 impl Default for EngineConfig {
@@ -73,6 +77,7 @@ impl Default for EngineConfig {
             retention: Some(Duration::from_secs(7 * 24 * 3600)),
             clock_sync: Duration::from_secs(5),
             max_clock_skew: Duration::from_secs(1),
+            alerts: None,
         }
     }
 }
@@ -139,6 +144,8 @@ pub struct Inner {
     seq: AtomicU64,
     /// Wakes recovery before its next poll (a retry made due now).
     wake_recovery: Notify,
+    /// Wakes the alert sender before its next poll (an alert was stored).
+    wake_alerts: Notify,
 }
 
 impl Inner {
@@ -216,6 +223,7 @@ impl Engine {
                 drivers: AtomicU64::new(0),
                 seq: AtomicU64::new(0),
                 wake_recovery: Notify::new(),
+                wake_alerts: Notify::new(),
             }),
         }
     }
@@ -232,12 +240,15 @@ impl Engine {
         &self.inner.store
     }
 
-    /// Starts recovery (immediately, then every poll interval) and retention, and keeps the
-    /// database clock sampled.
+    /// Starts recovery (immediately, then every poll interval) and retention, keeps the
+    /// database clock sampled, and sends alerts if webhooks are configured.
     pub fn start_background(&self) {
         self.inner.observe_clock(true);
         tokio::spawn(recovery::run(self.clone()));
         tokio::spawn(sync_clock(self.inner.clone()));
+        if let Some(alerts) = self.inner.config.alerts.clone() {
+            tokio::spawn(alerts::run(self.clone(), alerts));
+        }
     }
 
     /// Stops recovery, lets drivers finish their in-flight calls and hand their transactions

@@ -83,6 +83,7 @@ impl Engine {
             last_error: None,
             branches: branches.clone(),
             history: vec![by.entry(now, "resume", Some(phase.status()))],
+            alerts: Vec::new(),
         };
         self.fenced(progress, "resuming").await?;
         let resumed = TxRecord {
@@ -147,6 +148,7 @@ impl Engine {
             last_error: Some(reason.clone()),
             branches: job.rows(),
             history,
+            alerts: Vec::new(),
         };
         self.fenced(progress, "turning it to compensation").await?;
         let global = GlobalRow {
@@ -218,6 +220,7 @@ impl Engine {
                     last_error: None,
                     branches: Vec::new(),
                     history: vec![by.entry(now, "retry now", None)],
+                    alerts: Vec::new(),
                 };
                 self.fenced(progress, "scheduling its retry").await?;
                 self.inner.wake_recovery.notify_one();

@@ -84,6 +84,7 @@ async fn take_over(engine: &Engine, mut record: TxRecord) -> Result<()> {
                 last_error: Some(DEADLINE.into()),
                 branches: Vec::new(),
                 history: vec![engine.inner.decided(TxStatus::RollingBack, DEADLINE)],
+                alerts: Vec::new(),
             };
             if engine.inner.store.progress(progress).await? != Progressed::Applied {
                 return Ok(()); // a client's Rollback won the race; its driver runs it

@@ -7,6 +7,7 @@
 //! in one database transaction and each caller is answered when that commit is durable. With a
 //! batch size of one this is plain per-call commits; raising it is configuration.
 
+mod alerts;
 mod clock;
 mod sql;
 mod writer;
@@ -17,6 +18,7 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 
+use crate::domain::alert::Alert;
 use crate::domain::history::Entry;
 use crate::domain::{BranchRow, Decision, GlobalRow, Kind, TxRecord, TxStatus};
 use crate::error::{Error, Result};
@@ -86,6 +88,8 @@ pub struct Progress {
     pub branches: Vec<BranchRow>,
     /// History entries recorded with the change.
     pub history: Vec<Entry>,
+    /// Alerts the change raises, stored in its commit (an id already stored is kept as it is).
+    pub alerts: Vec<Alert>,
 }
 
 /// What [`Store::begin_tcc`] and [`Store::submit_saga`] did.
@@ -231,6 +235,46 @@ pub trait Store: Send + Sync + 'static {
 
     /// Samples the database's time again (done at open and periodically by the engine).
     fn sync_clock(&self) -> BoxFuture<'_, Result<()>>;
+
+    // Alerts.
+
+    /// Open transactions (parked ones excepted: they have their own alert) created before
+    /// `created_before_ms` that have no stuck alert yet, at most `limit` per status.
+    fn stuck(&self, created_before_ms: i64, limit: i64) -> BoxFuture<'_, Result<Vec<GlobalRow>>>;
+
+    /// Stores alerts due at once (an id already stored is kept); returns how many were new.
+    fn add_alerts<'a>(&'a self, alerts: &'a [Alert]) -> BoxFuture<'a, Result<u64>>;
+
+    /// Claims up to `limit` alerts due for delivery: they are not due again for `timeout`
+    /// (a sender that dies mid-delivery leaves them to the next one after it).
+    fn claim_alerts(&self, timeout: Duration, limit: i64) -> BoxFuture<'_, Result<Vec<Outgoing>>>;
+
+    /// Records a claimed alert's delivery round.
+    fn finish_alert<'a>(&'a self, id: &'a str, delivery: &'a Delivery)
+    -> BoxFuture<'a, Result<()>>;
+}
+
+/// A claimed alert on its way out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outgoing {
+    pub id: String,
+    /// The JSON event, as stored at creation.
+    pub body: String,
+    /// Delivery rounds before this one.
+    pub attempts: i64,
+    /// Fingerprints of the webhooks that already acknowledged it.
+    pub delivered: Vec<String>,
+}
+
+/// How a delivery round of an alert ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Delivery {
+    /// Every webhook that acknowledged it so far (fingerprints).
+    pub delivered: Vec<String>,
+    /// When to try the others again; `None`: delivered everywhere.
+    pub retry_at_ms: Option<i64>,
+    /// Why the round did not reach every webhook.
+    pub error: Option<String>,
 }
 
 /// How the store batches writes.

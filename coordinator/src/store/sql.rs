@@ -11,9 +11,10 @@ use futures::future::BoxFuture;
 use super::clock::{DB_NOW_MS, DbClock};
 use super::writer::Writer;
 use super::{
-    BeginTcc, Created, Decide, Decided, ListQuery, Progress, Progressed, RegisterBranch,
-    Registered, Store, StoreOptions, StoreStats, SubmitSaga, Tally,
+    BeginTcc, Created, Decide, Decided, Delivery, ListQuery, Outgoing, Progress, Progressed,
+    RegisterBranch, Registered, Store, StoreOptions, StoreStats, SubmitSaga, Tally,
 };
+use crate::domain::alert::Alert;
 use crate::domain::history::{Entry, Event};
 use crate::domain::record::{decode_headers, encode_headers};
 use crate::domain::{BranchRow, BranchState, Decision, GlobalRow, Kind, TxRecord, TxStatus};
@@ -110,10 +111,10 @@ const FINISHED: &str = "SELECT xid FROM dtx_global WHERE status IN \
 
 /// The store on database `DB`.
 pub struct SqlStore<DB: Backend> {
-    pool: Pool<DB>,
+    pub(super) pool: Pool<DB>,
     writer: Writer,
-    stats: Arc<StoreStats>,
-    clock: Arc<DbClock>,
+    pub(super) stats: Arc<StoreStats>,
+    pub(super) clock: Arc<DbClock>,
 }
 
 impl<DB: Backend> SqlStore<DB> {
@@ -282,7 +283,7 @@ impl<DB: Backend> SqlStore<DB> {
             if !xids.is_empty() {
                 let marks = vec!["?"; xids.len()].join(", ");
                 let list: Vec<Arg<'_>> = xids.iter().map(Arg::from).collect();
-                for table in ["dtx_history", "dtx_branch"] {
+                for table in ["dtx_history", "dtx_alert", "dtx_branch"] {
                     conn.execute_dynamic(
                         format!("DELETE FROM {table} WHERE xid IN ({marks})"),
                         &list,
@@ -377,6 +378,26 @@ impl<DB: Backend> Store for SqlStore<DB> {
     fn sync_clock(&self) -> BoxFuture<'_, Result<()>> {
         Box::pin(self.sample_clock())
     }
+
+    fn stuck(&self, created_before_ms: i64, limit: i64) -> BoxFuture<'_, Result<Vec<GlobalRow>>> {
+        Box::pin(self.stuck_rows(created_before_ms, limit))
+    }
+
+    fn add_alerts<'a>(&'a self, alerts: &'a [Alert]) -> BoxFuture<'a, Result<u64>> {
+        Box::pin(self.add(alerts))
+    }
+
+    fn claim_alerts(&self, timeout: Duration, limit: i64) -> BoxFuture<'_, Result<Vec<Outgoing>>> {
+        Box::pin(self.claim_outgoing(timeout, limit))
+    }
+
+    fn finish_alert<'a>(
+        &'a self,
+        id: &'a str,
+        delivery: &'a Delivery,
+    ) -> BoxFuture<'a, Result<()>> {
+        Box::pin(self.finish(id, delivery))
+    }
 }
 
 /// A fresh fencing token.
@@ -387,11 +408,12 @@ pub(crate) fn new_fence() -> i64 {
 /// History entries of a batch, each with its xid, inserted before the batch commits.
 pub(super) type History = Vec<(String, Entry)>;
 
-/// What the writes of one batch share: the database's time, and the history entries of what
-/// they changed.
+/// What the writes of one batch share: the database's time, and the history entries and
+/// alerts of what they changed.
 pub(super) struct Batch {
     pub now: i64,
     pub history: History,
+    pub alerts: Vec<Alert>,
 }
 
 impl Batch {
@@ -399,6 +421,7 @@ impl Batch {
         Batch {
             now,
             history: History::new(),
+            alerts: Vec::new(),
         }
     }
 
@@ -581,6 +604,7 @@ impl Apply for Progress {
         let progressed = progress(conn, self, batch.now).await?;
         if progressed == Progressed::Applied {
             batch.record(&self.xid, &self.history);
+            batch.alerts.extend_from_slice(&self.alerts);
         }
         Ok(progressed)
     }
@@ -879,7 +903,7 @@ impl<R: SqlRow> SqlRow for Columns<R> {
     }
 }
 
-fn global_from_row<R: SqlRow>(r: &R) -> Result<GlobalRow> {
+pub(super) fn global_from_row<R: SqlRow>(r: &R) -> Result<GlobalRow> {
     let kind = r.text(1)?;
     let status = r.text(2)?;
     let decision = r.opt_text(3)?;

@@ -19,6 +19,7 @@ use dtx_sql::sqlx::Pool;
 use dtx_sql::{Backend, Conn};
 use tokio::sync::{Mutex, mpsc, oneshot};
 
+use super::alerts::insert_alerts;
 use super::clock::DbClock;
 use super::sql::{Apply, Batch, insert_history};
 use super::{BeginTcc, Decide, Progress, RegisterBranch, StoreOptions, StoreStats, SubmitSaga};
@@ -191,7 +192,7 @@ async fn run<DB: Backend>(
 }
 
 /// Applies `jobs` in one transaction, adds their history entries (one statement for the
-/// batch), and commits it.
+/// batch) and alerts, and commits it.
 async fn commit<DB: Backend>(pool: &Pool<DB>, jobs: &mut [Job], clock: &DbClock) -> Result<()> {
     let mut tx = DB::begin(pool).await?;
     let mut batch = Batch::new(clock.now_ms());
@@ -199,6 +200,7 @@ async fn commit<DB: Backend>(pool: &Pool<DB>, jobs: &mut [Job], clock: &DbClock)
         job.apply(DB::conn(&mut tx), &mut batch).await?;
     }
     insert_history(DB::conn(&mut tx), &batch.history, batch.now).await?;
+    insert_alerts(DB::conn(&mut tx), &batch.alerts, batch.now).await?;
     tx.commit().await?;
     Ok(())
 }
