@@ -143,8 +143,7 @@ fn proc_status_kib(pid: u32, field: &str) -> Result<u64, Error> {
 pub fn serve(args: impl Iterator<Item = String>) -> Result<(), Error> {
     use clap::Parser;
     let config = dtx_coordinator::config::Config::parse_from(args);
-    dtx_coordinator::server::init_logging();
     tokio::runtime::Runtime::new()?
-        .block_on(dtx_coordinator::server::run_until_signal(config))
+        .block_on(dtx_coordinator::server::main(config))
         .map_err(|e| Error::Setup(format!("coordinator: {e}")))
 }

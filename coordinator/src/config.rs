@@ -109,6 +109,11 @@ pub struct Config {
     #[arg(long, env = "DTX_ALERT_CONSOLE_URL")]
     pub alert_console_url: Option<String>,
 
+    /// Export spans (one per branch attempt, in the transaction's W3C trace) to this
+    /// OpenTelemetry collector over gRPC (e.g. http://127.0.0.1:4317). Off by default.
+    #[arg(long, env = "DTX_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
+
     /// On SIGTERM/Ctrl-C, how long drivers may finish in-flight calls before exiting.
     #[arg(long, env = "DTX_SHUTDOWN_GRACE_MS", default_value_t = millis(DEFAULT_SHUTDOWN_GRACE))]
     pub shutdown_grace_ms: u64,

@@ -185,7 +185,7 @@ impl Coordinator for CoordinatorService {
         &self,
         request: Request<wire::RegisterBranchRequest>,
     ) -> Result<Response<wire::RegisterBranchResponse>, Status> {
-        let req = request.into_inner();
+        let req = with_caller_trace(request, |r| &mut r.headers);
         traced!("register_branch", req.xid, {
             let call_timeout = limits::timeout(
                 "call_timeout_ms",
@@ -260,7 +260,7 @@ impl Coordinator for CoordinatorService {
         &self,
         request: Request<wire::SubmitSagaRequest>,
     ) -> Result<Response<wire::SubmitSagaResponse>, Status> {
-        let req = request.into_inner();
+        let req = with_caller_trace(request, |r| &mut r.headers);
         traced!("submit_saga", req.xid, {
             let wait = match req.wait_timeout_ms {
                 0 => None,
@@ -331,4 +331,23 @@ impl Coordinator for CoordinatorService {
             )))
         })
     }
+}
+
+/// The request, with the caller's trace context (its `traceparent` metadata) stored as the
+/// `traceparent` header of what it defines when that has none: every later call of the
+/// transaction, after a restart too, then joins the caller's trace.
+fn with_caller_trace<T>(
+    request: Request<T>,
+    headers: impl FnOnce(&mut T) -> &mut std::collections::BTreeMap<String, String>,
+) -> T {
+    use dtx_proto::trace::{TRACEPARENT, TraceParent};
+    let trace = TraceParent::of_metadata(request.metadata());
+    let mut req = request.into_inner();
+    if let Some(trace) = trace {
+        let headers = headers(&mut req);
+        if !headers.contains_key(TRACEPARENT) && headers.len() < limits::MAX_HEADERS {
+            headers.insert(TRACEPARENT.to_string(), trace.to_string());
+        }
+    }
+    req
 }

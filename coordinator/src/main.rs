@@ -5,6 +5,5 @@ use dtx_coordinator::config::Config;
 
 #[tokio::main]
 async fn main() -> Result<(), dtx_coordinator::Error> {
-    dtx_coordinator::server::init_logging();
-    dtx_coordinator::server::run_until_signal(Config::parse()).await
+    dtx_coordinator::server::main(Config::parse()).await
 }

@@ -87,8 +87,16 @@ pub async fn run(
     Ok(())
 }
 
-/// What the `coordinator` binary does: bind `config.listen` and serve until SIGTERM or
-/// Ctrl-C.
+/// What the `coordinator` binary does: set up logging (and span export), serve until SIGTERM
+/// or Ctrl-C, flush the spans.
+pub async fn main(config: Config) -> Result<()> {
+    let tracing = init_logging(config.otlp_endpoint.as_deref())?;
+    let served = run_until_signal(config).await;
+    tracing.shutdown();
+    served
+}
+
+/// Binds `config.listen` and serves until SIGTERM or Ctrl-C.
 pub async fn run_until_signal(config: Config) -> Result<()> {
     let listener = TcpListener::bind(config.listen).await?;
     run(config, listener, shutdown_signal()).await
@@ -109,14 +117,63 @@ async fn shutdown_signal() {
     ctrl_c.await.ok();
 }
 
-/// Logs to stderr with `RUST_LOG` filtering (default `info`).
-pub fn init_logging() {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
+/// Logs to stderr with `RUST_LOG` filtering (default `info`); with `otlp_endpoint`, also
+/// exports spans (one per branch attempt, in the transaction's trace) to that OpenTelemetry
+/// collector over gRPC. Shut the returned handle down before exiting to flush them.
+pub fn init_logging(otlp_endpoint: Option<&str>) -> Result<Tracing> {
+    use opentelemetry::trace::TracerProvider as _;
+    use tracing_subscriber::Layer;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let provider = match otlp_endpoint {
+        Some(endpoint) => {
+            use opentelemetry_otlp::WithExportConfig;
+            let exporter = opentelemetry_otlp::SpanExporter::builder()
+                .with_tonic()
+                .with_endpoint(endpoint)
+                .build()
+                .map_err(|e| crate::Error::Corrupt(format!("OTLP exporter for {endpoint}: {e}")))?;
+            let resource = opentelemetry_sdk::Resource::builder()
+                .with_service_name("dtx-coordinator")
+                .build();
+            Some(
+                opentelemetry_sdk::trace::SdkTracerProvider::builder()
+                    .with_batch_exporter(exporter)
+                    .with_resource(resource)
+                    .build(),
+            )
+        }
+        None => None,
+    };
+    // RUST_LOG filters the log lines only: spans are exported whatever the log level.
+    let otel = provider.as_ref().map(|p| {
+        tracing_opentelemetry::layer()
+            .with_tracer(p.tracer("dtx-coordinator"))
+            .with_filter(tracing_subscriber::filter::LevelFilter::INFO)
+    });
+    tracing_subscriber::registry()
+        .with(fmt.with_filter(filter))
+        .with(otel)
         .init();
+    Ok(Tracing { provider })
+}
+
+/// The span exporter, if any; [`Tracing::shutdown`] flushes it.
+pub struct Tracing {
+    provider: Option<opentelemetry_sdk::trace::SdkTracerProvider>,
+}
+
+impl Tracing {
+    pub fn shutdown(self) {
+        if let Some(provider) = self.provider
+            && let Err(e) = provider.shutdown()
+        {
+            tracing::warn!(error = %e, "could not flush spans to the OTLP collector");
+        }
+    }
 }
 
 /// The store URL without its password, for logs.

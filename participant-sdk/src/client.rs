@@ -42,6 +42,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use dtx_proto::answer::Answer;
+use dtx_proto::trace::{TRACEPARENT, TraceParent};
 use dtx_proto::v1::coordinator_client::CoordinatorClient;
 use dtx_proto::v1::participant_client::ParticipantClient;
 use dtx_proto::v1::{self as wire, BranchAction, TxStatus};
@@ -64,6 +65,10 @@ pub struct TccOptions {
     /// Wait until phase two finished (every Confirm/Cancel delivered) before `commit`
     /// returns; `None` returns once the decision is durable.
     pub wait_phase_two: Option<Duration>,
+    /// The W3C `traceparent` of the work this transaction is part of (e.g. the incoming
+    /// request's); every call of the transaction joins that trace. `None` or invalid: the
+    /// transaction starts a trace of its own.
+    pub traceparent: Option<String>,
 }
 
 impl Default for TccOptions {
@@ -74,6 +79,7 @@ impl Default for TccOptions {
             call_timeout: Duration::from_secs(10),
             try_retries: 2,
             wait_phase_two: Some(Duration::from_secs(30)),
+            traceparent: None,
         }
     }
 }
@@ -150,12 +156,19 @@ where
     Ok(rpc().await?.into_inner())
 }
 
-/// `idempotent` for one coordinator method: each attempt clones the client and the request.
+/// `idempotent` for one coordinator method: each attempt clones the client and the request,
+/// and carries a child span of the transaction's trace context, if given, in its metadata.
 macro_rules! rpc {
     ($client:expr, $method:ident, $request:expr) => {
+        rpc!($client, $method, $request, None::<TraceParent>)
+    };
+    ($client:expr, $method:ident, $request:expr, $trace:expr) => {
         idempotent(|| {
             let mut client = $client.clone();
-            let request = $request.clone();
+            let mut request = tonic::Request::new($request.clone());
+            if let Some(trace) = $trace {
+                trace.child().insert_into(request.metadata_mut());
+            }
             async move { client.$method(request).await }
         })
     };
@@ -195,8 +208,14 @@ impl Coordinator {
             .clone()
             .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
         dtx_proto::limits::check_xid(&xid)?;
+        let trace = options
+            .traceparent
+            .as_deref()
+            .and_then(TraceParent::parse)
+            .unwrap_or_else(TraceParent::new_root);
         Ok(TccTransaction {
             xid,
+            trace,
             options,
             coordinator: self.clone(),
             branches: Arc::new(AtomicU32::new(0)),
@@ -269,6 +288,8 @@ impl Coordinator {
 #[derive(Clone)]
 pub struct TccTransaction {
     xid: String,
+    /// The trace every call of the transaction joins (stored with each branch).
+    trace: TraceParent,
     options: TccOptions,
     coordinator: Coordinator,
     branches: Arc<AtomicU32>,
@@ -281,6 +302,11 @@ impl TccTransaction {
         &self.xid
     }
 
+    /// The trace context of the transaction (its trace id names the transaction in traces).
+    pub fn traceparent(&self) -> TraceParent {
+        self.trace
+    }
+
     /// Registers the branch with the coordinator (durably, so a rollback will Cancel it even
     /// if the Try never arrives), then invokes its Try. Returns the Try's result; a refusal is
     /// [`Error::BranchRefused`], an unknown outcome [`Error::BranchInDoubt`] - after either the
@@ -290,13 +316,17 @@ impl TccTransaction {
             .branch_id
             .clone()
             .unwrap_or_else(|| format!("b{}", self.branches.fetch_add(1, Ordering::Relaxed) + 1));
+        let mut headers = branch.headers;
+        headers
+            .entry(TRACEPARENT.to_string())
+            .or_insert_with(|| self.trace.to_string());
         let register = wire::RegisterBranchRequest {
             xid: self.xid.clone(),
             branch_id: branch_id.clone(),
             target: branch.target.clone(),
             handler: branch.handler.clone(),
             payload: branch.payload.clone(),
-            headers: branch.headers.clone(),
+            headers: headers.clone(),
             call_timeout_ms: self.options.call_timeout.as_millis() as u64,
             begin_timeout_ms: if self.begun.load(Ordering::Acquire) {
                 0
@@ -304,7 +334,8 @@ impl TccTransaction {
                 self.options.timeout.as_millis().max(1) as u64
             },
         };
-        rpc!(self.coordinator.client, register_branch, register).await?;
+        let trace = Some(self.trace);
+        rpc!(self.coordinator.client, register_branch, register, trace).await?;
         self.begun.store(true, Ordering::Release);
         let request = wire::BranchRequest {
             xid: self.xid.clone(),
@@ -312,7 +343,7 @@ impl TccTransaction {
             action: BranchAction::Try as i32,
             handler: branch.handler,
             payload: branch.payload,
-            headers: branch.headers,
+            headers,
         };
         let mut last = String::new();
         for attempt in 0..=self.options.try_retries {
@@ -322,6 +353,7 @@ impl TccTransaction {
             let mut participant = self.coordinator.participant(&branch.target)?;
             let mut call = tonic::Request::new(request.clone());
             call.set_timeout(self.options.call_timeout);
+            self.trace.child().insert_into(call.metadata_mut());
             let answer =
                 tokio::time::timeout(self.options.call_timeout, participant.branch(call)).await;
             match answer {
@@ -379,7 +411,7 @@ impl TccTransaction {
                 xid: self.xid.clone(),
                 timeout_ms: self.options.timeout.as_millis().max(1) as u64,
             };
-            rpc!(self.coordinator.client, begin, begin).await?;
+            rpc!(self.coordinator.client, begin, begin, Some(self.trace)).await?;
             self.begun.store(true, Ordering::Release);
         }
         let request = wire::DecideRequest {
@@ -391,10 +423,11 @@ impl TccTransaction {
                 .map_or(0, |d| d.as_millis() as u64),
         };
         let client = &self.coordinator.client;
+        let trace = Some(self.trace);
         let response = if commit {
-            rpc!(client, commit, request).await?
+            rpc!(client, commit, request, trace).await?
         } else {
-            rpc!(client, rollback, request).await?
+            rpc!(client, rollback, request, trace).await?
         };
         Ok(response.status())
     }
@@ -507,6 +540,15 @@ impl SagaBuilder {
         self
     }
 
+    /// The W3C `traceparent` of the work this saga is part of; every call of the saga joins
+    /// that trace. Not set or invalid: the saga starts a trace of its own.
+    pub fn traceparent(self, traceparent: &str) -> Self {
+        match TraceParent::parse(traceparent) {
+            Some(trace) => self.header(TRACEPARENT, trace.to_string()),
+            None => self,
+        }
+    }
+
     pub fn step(mut self, step: SagaStep) -> Self {
         self.request.steps.push(step.0);
         self
@@ -546,9 +588,19 @@ impl SagaBuilder {
             self.request.xid = uuid::Uuid::new_v4().to_string();
         }
         self.request.wait_timeout_ms = wait.as_millis() as u64;
+        let trace = match TraceParent::of_headers(&self.request.headers) {
+            Some(trace) => trace,
+            None => {
+                let root = TraceParent::new_root();
+                self.request
+                    .headers
+                    .insert(TRACEPARENT.to_string(), root.to_string());
+                root
+            }
+        };
         let client = &self.coordinator.client;
         let request = self.request;
-        let submitted = rpc!(client, submit_saga, request).await?;
+        let submitted = rpc!(client, submit_saga, request, Some(trace)).await?;
         let handle = SagaHandle {
             xid: submitted.xid,
             coordinator: self.coordinator,

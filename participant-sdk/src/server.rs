@@ -51,6 +51,7 @@ use std::time::Duration;
 
 use dtx_proto::codec::SizeGuard;
 use dtx_proto::limits::{self, LimitError};
+use dtx_proto::trace::{TRACEPARENT, TraceParent};
 use dtx_proto::v1::participant_server::{Participant, ParticipantServer as WireServer};
 use dtx_proto::v1::{BranchRequest, BranchResponse, Outcome, OutcomeDetail};
 use dtx_sql::Backend;
@@ -73,6 +74,13 @@ pub struct BranchCall {
     pub action: Action,
     pub payload: Vec<u8>,
     pub headers: BTreeMap<String, String>,
+}
+
+impl BranchCall {
+    /// The trace context of this call (W3C `traceparent`): its trace id is the transaction's.
+    pub fn trace(&self) -> Option<TraceParent> {
+        TraceParent::of_headers(&self.headers)
+    }
 }
 
 /// A business handler: runs inside the local transaction on `conn` and replies
@@ -211,8 +219,8 @@ impl<DB: Backend> ParticipantServer<DB> {
             payload: request.payload,
             headers: request.headers,
         };
-        let span =
-            tracing::info_span!("branch", xid = %call.xid, branch = %call.branch_id, %action);
+        let trace_id = call.trace().map(|t| t.trace_hex()).unwrap_or_default();
+        let span = tracing::info_span!("branch", xid = %call.xid, branch = %call.branch_id, %action, %trace_id);
         // Instrumented, not entered: a guard held across `.await` would leak the span into
         // whatever else runs on this thread while the call is suspended.
         Ok(self.run_with_retries(handler, &call).instrument(span).await)
@@ -334,6 +342,25 @@ impl<DB: Backend> Participant for ParticipantServer<DB> {
         &self,
         request: Request<BranchRequest>,
     ) -> Result<Response<BranchResponse>, Status> {
-        self.handle(request.into_inner()).await.map(Response::new)
+        self.handle(with_call_trace(request))
+            .await
+            .map(Response::new)
     }
+}
+
+/// The request with its call's trace context (the `traceparent` of its gRPC metadata: the
+/// span of this attempt) as its `traceparent` header, so a handler sees the trace it runs in.
+/// A request without one keeps the transaction's stored context, if any.
+pub fn with_call_trace(request: Request<BranchRequest>) -> BranchRequest {
+    let trace = TraceParent::of_metadata(request.metadata());
+    let mut request = request.into_inner();
+    if let Some(trace) = trace
+        && (request.headers.len() < limits::MAX_HEADERS
+            || request.headers.contains_key(TRACEPARENT))
+    {
+        request
+            .headers
+            .insert(TRACEPARENT.to_string(), trace.to_string());
+    }
+    request
 }

@@ -14,6 +14,7 @@ pub mod codec;
 pub mod duration;
 pub mod limits;
 pub mod present;
+pub mod trace;
 
 /// Generated code of package `dtx.v1`.
 pub mod v1 {

@@ -164,6 +164,8 @@ pub struct CallRecord {
     pub detached: bool,
     /// Not sent by a coordinator: delivered by the fault injector (out-of-order phase two).
     pub injected: bool,
+    /// The call's trace context as the handler saw it.
+    pub traceparent: Option<String>,
 }
 
 impl Faults {
@@ -336,6 +338,7 @@ impl Faults {
             peer,
             detached: false,
             injected,
+            traceparent: request.headers.get(dtx_proto::trace::TRACEPARENT).cloned(),
         });
         calls.len() - 1
     }
@@ -535,7 +538,7 @@ impl<DB: Backend> Participant for Bank<DB> {
         request: Request<BranchRequest>,
     ) -> Result<Response<BranchResponse>, Status> {
         let peer = request.remote_addr();
-        let request = request.into_inner();
+        let request = dtx_sdk::server::with_call_trace(request);
         let Some(action) = Action::from_wire(request.action) else {
             return self.deliver(request).await.map(Response::new);
         };

@@ -20,7 +20,7 @@ pub fn refused_registration(
         let same = b.target == new.target
             && b.handler == new.handler
             && b.payload == new.payload
-            && b.headers == new.headers
+            && dtx_proto::trace::same_apart_from_trace(&b.headers, &new.headers)
             && b.call_timeout_ms == new.call_timeout_ms;
         return if same {
             Ok(())

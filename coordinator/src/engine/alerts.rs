@@ -9,7 +9,10 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use bytes::Bytes;
 use futures::future::join_all;
+use http_body_util::Full;
+use hyper_util::rt::TokioExecutor;
 use sha2::{Digest, Sha256};
 
 use super::Engine;
@@ -41,7 +44,7 @@ const STUCK_BATCH: i64 = 100;
 
 pub(super) async fn run(engine: Engine, config: AlertConfig) {
     let inner = &engine.inner;
-    let client = match client(&config) {
+    let client = match client() {
         Ok(client) => client,
         Err(e) => {
             tracing::error!(error = %e, "cannot build the webhook client; alerts are not sent");
@@ -98,14 +101,49 @@ pub(super) async fn run(engine: Engine, config: AlertConfig) {
     }
 }
 
-/// The webhook client: rustls with the ring provider (no OpenSSL), the platform's roots.
-fn client(config: &AlertConfig) -> reqwest::Result<reqwest::Client> {
+type Client = hyper_util::client::legacy::Client<
+    hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>,
+    Full<Bytes>,
+>;
+
+/// The webhook client (http and https): rustls with the ring provider, the system's roots.
+fn client() -> std::io::Result<Client> {
     // Installing fails only when a provider is already installed: either one serves.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    reqwest::Client::builder()
-        .timeout(config.timeout)
-        .user_agent(concat!("dtx-coordinator/", env!("CARGO_PKG_VERSION")))
-        .build()
+    let https = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_native_roots()?
+        .https_or_http()
+        .enable_http1()
+        .build();
+    Ok(hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build(https))
+}
+
+/// POSTs `body` to `url` with `headers`; `Ok` with the answer's status, or why there is none.
+async fn post(
+    client: &Client,
+    url: &str,
+    headers: &[(&str, String)],
+    body: &str,
+    timeout: Duration,
+) -> Result<http::StatusCode, String> {
+    let mut request = http::Request::post(url)
+        .header("content-type", "application/json")
+        .header(
+            "user-agent",
+            concat!("dtx-coordinator/", env!("CARGO_PKG_VERSION")),
+        );
+    for (name, value) in headers {
+        request = request.header(*name, value.as_str());
+    }
+    let request = request
+        .body(Full::new(Bytes::from(body.to_string())))
+        // Without the error's text: it would repeat the URL, which often carries a token.
+        .map_err(|_| "not a valid http(s) URL".to_string())?;
+    match tokio::time::timeout(timeout, client.request(request)).await {
+        Err(_) => Err(format!("no answer within {} ms", timeout.as_millis())),
+        Ok(Err(e)) => Err(e.to_string()),
+        Ok(Ok(answer)) => Ok(answer.status()),
+    }
 }
 
 /// Stores a stuck alert for every transaction open longer than the bound that has none.
@@ -147,7 +185,7 @@ async fn raise_stuck(engine: &Engine, config: &AlertConfig) -> crate::error::Res
 }
 
 /// One delivery round of `alert`: every webhook that has not acknowledged it yet.
-async fn send(engine: &Engine, client: &reqwest::Client, config: &AlertConfig, alert: Outgoing) {
+async fn send(engine: &Engine, client: &Client, config: &AlertConfig, alert: Outgoing) {
     let unix_s = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs() as i64);
@@ -158,22 +196,15 @@ async fn send(engine: &Engine, client: &reqwest::Client, config: &AlertConfig, a
         if delivered.contains(&print) {
             continue;
         }
-        let mut request = client
-            .post(url)
-            .header("content-type", "application/json")
-            .header("dtx-event-id", &alert.id)
-            .body(alert.body.clone());
+        let mut headers = vec![("dtx-event-id", alert.id.clone())];
         if let Some(secret) = &config.secret {
-            request = request.header(
-                "dtx-signature",
-                signature(secret.as_bytes(), unix_s, &alert.body),
-            );
+            let signed = signature(secret.as_bytes(), unix_s, &alert.body);
+            headers.push(("dtx-signature", signed));
         }
-        match request.send().await {
-            Ok(answer) if answer.status().is_success() => delivered.push(print),
-            Ok(answer) => errors.push(format!("{}: HTTP {}", redact(url), answer.status())),
-            // Without the URL: webhook URLs often carry a token.
-            Err(e) => errors.push(format!("{}: {}", redact(url), e.without_url())),
+        match post(client, url, &headers, &alert.body, config.timeout).await {
+            Ok(status) if status.is_success() => delivered.push(print),
+            Ok(status) => errors.push(format!("{}: HTTP {status}", redact(url))),
+            Err(e) => errors.push(format!("{}: {e}", redact(url))),
         }
     }
     let inner = &engine.inner;

@@ -5,6 +5,7 @@ use std::sync::RwLock;
 use std::time::Duration;
 
 use dtx_proto::answer::Answer;
+use dtx_proto::trace::TraceParent;
 use dtx_proto::v1::participant_client::ParticipantClient;
 use dtx_proto::v1::{BranchAction, BranchRequest};
 use tonic::transport::{Channel, Endpoint};
@@ -56,6 +57,15 @@ impl Participants {
             Ok(client) => client,
             Err(e) => return CallOutcome::NotSent(e),
         };
+        // Each attempt is a span of the transaction's trace: the participant sees the trace id.
+        let span = tracing::info_span!(
+            "branch attempt",
+            otel.kind = "client",
+            xid = %call.xid,
+            branch = %call.branch_id,
+            action = call.action.as_str_name(),
+            handler = %call.handler,
+        );
         let mut request = tonic::Request::new(BranchRequest {
             xid: call.xid,
             branch_id: call.branch_id,
@@ -65,9 +75,15 @@ impl Participants {
             headers: call.headers,
         });
         request.set_timeout(call.timeout);
+        let trace =
+            TraceParent::of_headers(&request.get_ref().headers).map(|t| attempt_span(&span, t));
+        if let Some(trace) = trace {
+            trace.insert_into(request.metadata_mut());
+        }
         // The grpc-timeout header asks the server to give up; this bounds our own wait too,
         // including connection setup.
-        match tokio::time::timeout(call.timeout, client.branch(request)).await {
+        let answer = tokio::time::timeout(call.timeout, client.branch(request));
+        match tracing::Instrument::instrument(answer, span).await {
             Err(_) => {
                 CallOutcome::Unknown(format!("no answer within {} ms", call.timeout.as_millis()))
             }
@@ -78,4 +94,30 @@ impl Participants {
             },
         }
     }
+}
+
+/// The context of one attempt under the transaction's `stored` one: the exported span's own
+/// when spans go to a collector (so the participant's spans hang under it), a fresh child id
+/// otherwise.
+fn attempt_span(span: &tracing::Span, stored: TraceParent) -> TraceParent {
+    use opentelemetry::trace::{SpanContext, TraceContextExt, TraceFlags, TraceState};
+    use tracing_opentelemetry::OpenTelemetrySpanExt;
+    let remote = SpanContext::new(
+        stored.trace_id.into(),
+        stored.span_id.into(),
+        TraceFlags::new(stored.flags),
+        true,
+        TraceState::default(),
+    );
+    let _ = span.set_parent(opentelemetry::Context::new().with_remote_span_context(remote.clone()));
+    let context = span.context();
+    let own = context.span().span_context().clone();
+    if own.is_valid() && own.trace_id() == remote.trace_id() {
+        return TraceParent {
+            trace_id: u128::from_be_bytes(own.trace_id().to_bytes()),
+            span_id: u64::from_be_bytes(own.span_id().to_bytes()),
+            flags: own.trace_flags().to_u8(),
+        };
+    }
+    stored.child()
 }

@@ -1,6 +1,7 @@
 //! Sagas: one write stores the whole definition, then this instance runs it.
 
 use dtx_proto::limits;
+use dtx_proto::trace::TRACEPARENT;
 use dtx_proto::v1::SubmitSagaRequest;
 use prost::Message;
 
@@ -64,7 +65,9 @@ impl Engine {
                 self.spawn(job, record.global);
                 Ok(global)
             }
-            Created::Exists(row) if row.kind == Kind::Saga && row.spec == global.spec => Ok(row),
+            Created::Exists(row) if row.kind == Kind::Saga && same_saga(&row.spec, &request) => {
+                Ok(row)
+            }
             Created::Exists(row) => Err(Error::Conflict(format!(
                 "xid {:?} is already used by a different {}",
                 request.xid,
@@ -76,4 +79,20 @@ impl Engine {
             ))),
         }
     }
+}
+
+/// Whether a stored saga is `request` again. The trace context is not part of the definition:
+/// a repeat from another attempt of the caller carries another one.
+fn same_saga(stored: &Option<Vec<u8>>, request: &SubmitSagaRequest) -> bool {
+    let untraced = |mut r: SubmitSagaRequest| {
+        r.headers.remove(TRACEPARENT);
+        for step in &mut r.steps {
+            step.headers.remove(TRACEPARENT);
+        }
+        r
+    };
+    let stored = stored
+        .as_deref()
+        .and_then(|spec| SubmitSagaRequest::decode(spec).ok());
+    stored.is_some_and(|stored| untraced(stored) == untraced(request.clone()))
 }
