@@ -211,9 +211,7 @@ async fn serve_metrics(listener: TcpListener, engine: Engine) {
         tokio::spawn(async move {
             let mut buf = [0u8; 1024];
             let _ = socket.read(&mut buf).await;
-            let (commits, writes) = engine.store().stats().snapshot();
-            let parked = engine.store().count_parked().await.ok();
-            let body = engine.metrics().render(commits, writes, parked);
+            let body = engine.render_metrics().await;
             let head = format!(
                 "HTTP/1.1 200 OK\r\ncontent-type: text/plain; version=0.0.4\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
                 body.len()

@@ -151,9 +151,15 @@ mod tests {
                 .collect::<BTreeMap<_, _>>()
         };
         let a = with(&[("k", "1"), (TRACEPARENT, "00-a")]);
-        assert!(same_apart_from_trace(&a, &with(&[("k", "1"), (TRACEPARENT, "00-b")])));
+        assert!(same_apart_from_trace(
+            &a,
+            &with(&[("k", "1"), (TRACEPARENT, "00-b")])
+        ));
         assert!(same_apart_from_trace(&a, &with(&[("k", "1")])));
-        assert!(!same_apart_from_trace(&a, &with(&[("k", "2"), (TRACEPARENT, "00-a")])));
+        assert!(!same_apart_from_trace(
+            &a,
+            &with(&[("k", "2"), (TRACEPARENT, "00-a")])
+        ));
     }
 
     #[test]

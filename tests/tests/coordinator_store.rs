@@ -345,6 +345,9 @@ async fn one_invalid_write_in_a_batch_fails_alone<DB: TestBackend>(db: &'static 
         TxStatus::Trying,
         "the refused write changed nothing"
     );
+    let failed = s.stats().failed_writes();
+    assert!(failed.contains(&("progress", 1)), "{failed:?}");
+    assert!(failed.contains(&("begin_tcc", 0)), "{failed:?}");
 }
 test_on_all_databases!(
     one_invalid_write_in_a_batch_fails_alone,

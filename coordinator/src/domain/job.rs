@@ -71,6 +71,11 @@ pub struct StepRun {
 }
 
 impl StepRun {
+    /// Waiting for a retry after a failed or unanswered attempt.
+    pub fn waiting(&self) -> bool {
+        self.next_at_ms.is_some()
+    }
+
     pub fn new(
         row: BranchRow,
         forward_payload: Vec<u8>,

@@ -63,6 +63,7 @@ pub(super) async fn run(engine: Engine, config: AlertConfig) {
         if tokio::time::Instant::now() >= next_scan {
             next_scan = tokio::time::Instant::now() + scan_every;
             if let Err(e) = raise_stuck(&engine, &config).await {
+                inner.metrics.store_error("stuck");
                 tracing::warn!(error = %e, "could not scan for stuck transactions");
             }
         }
@@ -84,6 +85,7 @@ pub(super) async fn run(engine: Engine, config: AlertConfig) {
                     }
                 }
                 Err(e) => {
+                    inner.metrics.store_error("claim_alerts");
                     tracing::warn!(error = %e, "could not claim alerts to deliver");
                     break;
                 }
@@ -191,6 +193,7 @@ async fn send(engine: &Engine, client: &Client, config: &AlertConfig, alert: Out
         .map_or(0, |d| d.as_secs() as i64);
     let mut delivered = alert.delivered.clone();
     let mut errors = Vec::new();
+    let metrics = &engine.inner.metrics;
     for url in &config.webhooks {
         let print = fingerprint(url);
         if delivered.contains(&print) {
@@ -201,10 +204,15 @@ async fn send(engine: &Engine, client: &Client, config: &AlertConfig, alert: Out
             let signed = signature(secret.as_bytes(), unix_s, &alert.body);
             headers.push(("dtx-signature", signed));
         }
-        match post(client, url, &headers, &alert.body, config.timeout).await {
-            Ok(status) if status.is_success() => delivered.push(print),
-            Ok(status) => errors.push(format!("{}: HTTP {status}", redact(url))),
-            Err(e) => errors.push(format!("{}: {e}", redact(url))),
+        let error = match post(client, url, &headers, &alert.body, config.timeout).await {
+            Ok(status) if status.is_success() => None,
+            Ok(status) => Some(format!("{}: HTTP {status}", redact(url))),
+            Err(e) => Some(format!("{}: {e}", redact(url))),
+        };
+        metrics.alert_delivery(error.is_none());
+        match error {
+            None => delivered.push(print),
+            Some(error) => errors.push(error),
         }
     }
     let inner = &engine.inner;
@@ -226,6 +234,7 @@ async fn send(engine: &Engine, client: &Client, config: &AlertConfig, alert: Out
         error,
     };
     if let Err(e) = inner.store.finish_alert(&alert.id, &delivery).await {
+        inner.metrics.store_error("finish_alert");
         tracing::warn!(id = %alert.id, error = %e, "could not record an alert's delivery; it will be sent again");
     }
 }

@@ -20,6 +20,7 @@ use futures::future::BoxFuture;
 use futures::stream::FuturesUnordered;
 use tokio::time::Instant;
 
+use super::metrics::outcome_label;
 use super::participants::Call;
 use super::{Active, Inner};
 use crate::domain::alert;
@@ -28,20 +29,35 @@ use crate::domain::job::{CallOutcome, Job, Next, Phase};
 use crate::domain::{Decision, TxStatus};
 use crate::store::{Progress, Progressed};
 
+/// What a participant is asked to do in `phase`.
+fn action(phase: Phase) -> BranchAction {
+    match phase {
+        Phase::Forward => BranchAction::Action,
+        Phase::Settle(Decision::Commit) => BranchAction::Confirm,
+        Phase::Settle(Decision::Rollback) => BranchAction::Cancel,
+        Phase::Settle(Decision::Compensate) => BranchAction::Compensate,
+    }
+}
+
+/// The `action` label of the call metrics: `CONFIRM`, `CANCEL`, `ACTION`, `COMPENSATE`.
+fn action_label(phase: Phase) -> &'static str {
+    action(phase)
+        .as_str_name()
+        .trim_start_matches("BRANCH_ACTION_")
+}
+
 /// The participant call for step `i` in the job's phase.
 fn call(job: &Job, i: usize) -> Call {
     let step = &job.steps[i];
-    let (action, payload) = match job.phase {
-        Phase::Forward => (BranchAction::Action, &step.forward_payload),
-        Phase::Settle(Decision::Commit) => (BranchAction::Confirm, &step.settle_payload),
-        Phase::Settle(Decision::Rollback) => (BranchAction::Cancel, &step.settle_payload),
-        Phase::Settle(Decision::Compensate) => (BranchAction::Compensate, &step.settle_payload),
+    let payload = match job.phase {
+        Phase::Forward => &step.forward_payload,
+        Phase::Settle(_) => &step.settle_payload,
     };
     Call {
         target: step.row.target.clone(),
         xid: job.xid.clone(),
         branch_id: step.row.branch_id.clone(),
-        action,
+        action: action(job.phase),
         handler: step.row.handler.clone(),
         payload: payload.clone(),
         headers: step.headers.clone(),
@@ -85,8 +101,17 @@ pub async fn drive(
         let until_ms = match job.next(inner.now_ms(), handoff_after_ms) {
             Next::Start(started) => {
                 for i in started {
-                    let (call, participants) = (call(&job, i), inner.participants.clone());
-                    calls.push(Box::pin(async move { (i, participants.call(call).await) }));
+                    let (call, action) = (call(&job, i), action_label(job.phase));
+                    let inner = inner.clone();
+                    calls.push(Box::pin(async move {
+                        let (handler, started) = (call.handler.clone(), Instant::now());
+                        let outcome = inner.participants.call(call).await;
+                        let answer = outcome_label(&outcome);
+                        inner
+                            .metrics
+                            .branch_call(&handler, action, answer, started.elapsed());
+                        (i, outcome)
+                    }));
                 }
                 continue;
             }
@@ -114,6 +139,9 @@ pub async fn drive(
         tokio::select! {
             Some((i, outcome)) = calls.next(), if !calls.is_empty() => {
                 job.record(i, outcome, inner.now_ms(), rand::random());
+                if job.steps[i].waiting() {
+                    inner.metrics.retried(&job.steps[i].row.handler, action_label(job.phase));
+                }
                 publish(&active, &job, None);
                 if let Some(alerts) = &inner.config.alerts {
                     for branch in alert::over_attempts(job.history(), &alerts.rules) {
@@ -207,7 +235,10 @@ async fn settle(
     if !inner.write_fenced(progress).await {
         return Ended::Lost;
     }
-    inner.metrics.finished(to);
+    let age_ms = (inner.now_ms() - active.global.created_ms).max(0) as u64;
+    inner
+        .metrics
+        .finished(job.kind, to, Duration::from_millis(age_ms));
     if !certain {
         announce(active);
     }

@@ -1,120 +1,298 @@
-//! Counters an operator alerts on, rendered in the Prometheus text format.
+//! What the coordinator exports at `/metrics`.
+//!
+//! Recorded through the `metrics` facade into a Prometheus recorder of the engine's own, not a
+//! global one: several engines in one process (tests, an embedding service) keep their numbers
+//! apart, and an embedder's own global recorder is left alone. Handles with fixed labels are
+//! registered once; the per-handler ones are looked up per call (a hash of name and labels).
+//! Labels are bounded sets only - kind, status (as stored), action, outcome, handler,
+//! operation - never an xid, a key or a target URL.
 
-use std::fmt::Write as _;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::time::Duration;
 
+use metrics::{Counter, Gauge, counter, describe_counter, describe_gauge, describe_histogram};
+use metrics::{Unit, gauge, histogram, with_local_recorder};
+use metrics_exporter_prometheus::{
+    Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
+};
+
+use crate::domain::job::CallOutcome;
 use crate::domain::{Kind, TxStatus};
 
-#[derive(Debug, Default)]
+/// Bucket bounds (seconds) of the branch call latency: a participant on loopback answers in
+/// well under a millisecond, a slow one is cut off by its call timeout.
+const CALL_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
+/// Bucket bounds (seconds) of a transaction's life, from its creation to its final status.
+const TX_BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0,
+    3600.0,
+];
+
+/// Every metric name the coordinator exports (tests check the dashboard and rules use only
+/// these).
+pub const METRIC_NAMES: &[&str] = &[
+    "dtx_transactions_started_total",
+    "dtx_transactions_finished_total",
+    "dtx_transaction_duration_seconds",
+    "dtx_needs_attention_total",
+    "dtx_needs_attention",
+    "dtx_takeovers_total",
+    "dtx_branch_call_duration_seconds",
+    "dtx_branch_retries_total",
+    "dtx_oldest_open_transaction_age_seconds",
+    "dtx_drivers_active",
+    "dtx_clock_offset_ms",
+    "dtx_store_commits_total",
+    "dtx_store_writes_total",
+    "dtx_store_errors_total",
+    "dtx_alert_deliveries_total",
+];
+
+/// What a scrape reads from the store and the engine at that moment.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Snapshot<'a> {
+    pub store_commits: u64,
+    pub store_writes: u64,
+    /// Failed writes by operation (every write operation, zero or not).
+    pub store_errors: &'a [(&'static str, u64)],
+    /// Parked transactions across all instances; `None` if the store could not say.
+    pub parked: Option<u64>,
+    /// Age of the oldest non-terminal transaction; `Some(0)` when there is none.
+    pub oldest_open_ms: Option<i64>,
+    pub drivers: u64,
+}
+
 pub struct Metrics {
-    started_tcc: AtomicU64,
-    started_saga: AtomicU64,
-    committed: AtomicU64,
-    rolled_back: AtomicU64,
-    succeeded: AtomicU64,
-    compensated: AtomicU64,
-    /// Transactions parked because a Confirm/Cancel/compensation was refused: alert on any.
-    needs_attention: AtomicU64,
-    /// Transactions taken over by recovery (deadline, expired lease, due retry).
-    recovered: AtomicU64,
-    /// The database's clock minus this host's, at the last sample.
-    clock_skew_ms: AtomicI64,
+    recorder: PrometheusRecorder,
+    handle: PrometheusHandle,
+    started_tcc: Counter,
+    started_saga: Counter,
+    parked: Counter,
+    clock_offset: Gauge,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Metrics")
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let recorder = PrometheusBuilder::new()
+            .set_buckets_for_metric(
+                Matcher::Full("dtx_branch_call_duration_seconds".into()),
+                CALL_BUCKETS,
+            )
+            .and_then(|b| {
+                b.set_buckets_for_metric(
+                    Matcher::Full("dtx_transaction_duration_seconds".into()),
+                    TX_BUCKETS,
+                )
+            })
+            .expect("bucket bounds are not empty")
+            .build_recorder();
+        let handle = recorder.handle();
+        let (started_tcc, started_saga, parked, clock_offset) =
+            with_local_recorder(&recorder, || {
+                describe();
+                (
+                    counter!("dtx_transactions_started_total", "kind" => "tcc"),
+                    counter!("dtx_transactions_started_total", "kind" => "saga"),
+                    counter!("dtx_needs_attention_total"),
+                    gauge!("dtx_clock_offset_ms"),
+                )
+            });
+        Metrics {
+            recorder,
+            handle,
+            started_tcc,
+            started_saga,
+            parked,
+            clock_offset,
+        }
+    }
+}
+
+/// The help texts, registered once per recorder.
+fn describe() {
+    describe_counter!(
+        "dtx_transactions_started_total",
+        "Global transactions begun or submitted here."
+    );
+    describe_counter!(
+        "dtx_transactions_finished_total",
+        "Transactions this instance drove to a terminal status or parked."
+    );
+    describe_histogram!(
+        "dtx_transaction_duration_seconds",
+        Unit::Seconds,
+        "From a transaction's creation to the final (or parked) status this instance wrote."
+    );
+    describe_counter!(
+        "dtx_needs_attention_total",
+        "Transactions this instance parked because a Confirm, Cancel or compensation was refused."
+    );
+    describe_gauge!(
+        "dtx_needs_attention",
+        "Transactions parked in NEEDS_ATTENTION now, across all instances."
+    );
+    describe_counter!(
+        "dtx_takeovers_total",
+        "Transactions claimed by this instance's recovery (deadline, expired lease, due retry), by the status they were in."
+    );
+    describe_histogram!(
+        "dtx_branch_call_duration_seconds",
+        Unit::Seconds,
+        "Participant calls (Confirm, Cancel, action, compensation) by handler, action and answer."
+    );
+    describe_counter!(
+        "dtx_branch_retries_total",
+        "Participant calls answered with a failure or no answer and scheduled to be made again."
+    );
+    describe_gauge!(
+        "dtx_oldest_open_transaction_age_seconds",
+        "Age of the oldest transaction not in a terminal status, across all instances (0 if none)."
+    );
+    describe_gauge!(
+        "dtx_drivers_active",
+        "Transactions this instance is driving now."
+    );
+    describe_gauge!(
+        "dtx_clock_offset_ms",
+        "The database's clock minus this host's wall clock (leases and deadlines use the database's)."
+    );
+    describe_counter!(
+        "dtx_store_commits_total",
+        "Database commits made by the store."
+    );
+    describe_counter!(
+        "dtx_store_writes_total",
+        "State changes written (several share a commit)."
+    );
+    describe_counter!(
+        "dtx_store_errors_total",
+        "Store operations that failed, by operation."
+    );
+    describe_counter!(
+        "dtx_alert_deliveries_total",
+        "Alert webhook calls, by result (delivered: a 2xx answer; failed: anything else)."
+    );
+}
+
+/// The answer class of a participant call.
+pub fn outcome_label(outcome: &CallOutcome) -> &'static str {
+    match outcome {
+        CallOutcome::Success(_) => "success",
+        CallOutcome::Failure(_) => "failure",
+        CallOutcome::NotSent(_) => "not_sent",
+        CallOutcome::Unknown(_) => "unknown",
+    }
 }
 
 impl Metrics {
+    /// Runs `f` with this engine's recorder behind the `metrics` macros.
+    fn with<T>(&self, f: impl FnOnce() -> T) -> T {
+        with_local_recorder(&self.recorder, f)
+    }
+
     pub(super) fn started(&self, kind: Kind) {
         match kind {
             Kind::Tcc => &self.started_tcc,
             Kind::Saga => &self.started_saga,
         }
-        .fetch_add(1, Ordering::Relaxed);
+        .increment(1);
     }
 
-    pub(super) fn finished(&self, status: TxStatus) {
-        let counter = match status {
-            TxStatus::Committed => &self.committed,
-            TxStatus::RolledBack => &self.rolled_back,
-            TxStatus::Succeeded => &self.succeeded,
-            TxStatus::Compensated => &self.compensated,
-            _ => return,
-        };
-        counter.fetch_add(1, Ordering::Relaxed);
+    /// A transaction reached `status` (terminal or parked) `age` after its creation.
+    pub(super) fn finished(&self, kind: Kind, status: TxStatus, age: Duration) {
+        let (kind, status) = (kind.as_str(), status.as_str());
+        self.with(|| {
+            counter!("dtx_transactions_finished_total", "status" => status).increment(1);
+            histogram!("dtx_transaction_duration_seconds", "kind" => kind, "outcome" => status)
+                .record(age.as_secs_f64());
+        });
     }
 
     pub(super) fn parked(&self) {
-        self.needs_attention.fetch_add(1, Ordering::Relaxed);
+        self.parked.increment(1);
     }
 
-    pub(super) fn recovered(&self) {
-        self.recovered.fetch_add(1, Ordering::Relaxed);
+    /// Recovery claimed a transaction that was in `status`.
+    pub(super) fn taken_over(&self, status: TxStatus) {
+        let status = status.as_str();
+        self.with(|| counter!("dtx_takeovers_total", "status" => status).increment(1));
+    }
+
+    /// One participant call and how it was answered.
+    pub(super) fn branch_call(
+        &self,
+        handler: &str,
+        action: &'static str,
+        outcome: &'static str,
+        took: Duration,
+    ) {
+        let handler = handler.to_string();
+        self.with(|| {
+            histogram!(
+                "dtx_branch_call_duration_seconds",
+                "handler" => handler,
+                "action" => action,
+                "outcome" => outcome
+            )
+            .record(took.as_secs_f64())
+        });
+    }
+
+    /// A call that failed or got no answer and will be made again after its backoff.
+    pub(super) fn retried(&self, handler: &str, action: &'static str) {
+        let handler = handler.to_string();
+        self.with(|| {
+            counter!("dtx_branch_retries_total", "handler" => handler, "action" => action)
+                .increment(1)
+        });
+    }
+
+    pub(super) fn alert_delivery(&self, delivered: bool) {
+        let result = if delivered { "delivered" } else { "failed" };
+        self.with(|| counter!("dtx_alert_deliveries_total", "result" => result).increment(1));
+    }
+
+    /// A store operation outside the writer (claims, scans) failed.
+    pub(super) fn store_error(&self, operation: &'static str) {
+        self.with(|| counter!("dtx_store_errors_total", "operation" => operation).increment(1));
     }
 
     pub(super) fn clock_skew(&self, ms: i64) {
-        self.clock_skew_ms.store(ms, Ordering::Relaxed);
+        self.clock_offset.set(ms as f64);
     }
 
-    /// Transactions parked in NEEDS_ATTENTION by this instance since it started.
-    pub fn needs_attention(&self) -> u64 {
-        self.needs_attention.load(Ordering::Relaxed)
+    /// Folds histogram samples into their buckets; the exporter's own installer would run
+    /// this on a thread, here the engine calls it every few seconds.
+    pub(super) fn upkeep(&self) {
+        self.handle.run_upkeep();
     }
 
-    /// The Prometheus text exposition of every counter, plus the store's commit counters.
-    pub fn render(&self, store_commits: u64, store_writes: u64, parked_now: Option<u64>) -> String {
-        let mut out = String::new();
-        let mut counter = |name: &str, help: &str, labels: &[(&str, &AtomicU64)]| {
-            let _ = writeln!(out, "# HELP dtx_{name} {help}\n# TYPE dtx_{name} counter");
-            for (label, value) in labels {
-                let _ = writeln!(out, "dtx_{name}{label} {}", value.load(Ordering::Relaxed));
+    /// The Prometheus text exposition, with the values read at scrape time set first.
+    pub fn render(&self, now: Snapshot<'_>) -> String {
+        self.with(|| {
+            counter!("dtx_store_commits_total").absolute(now.store_commits);
+            counter!("dtx_store_writes_total").absolute(now.store_writes);
+            for &(operation, failed) in now.store_errors {
+                counter!("dtx_store_errors_total", "operation" => operation).absolute(failed);
             }
-        };
-        counter(
-            "transactions_started_total",
-            "Global transactions begun or submitted here.",
-            &[
-                ("{kind=\"tcc\"}", &self.started_tcc),
-                ("{kind=\"saga\"}", &self.started_saga),
-            ],
-        );
-        counter(
-            "transactions_finished_total",
-            "Transactions this instance drove to a terminal status.",
-            &[
-                ("{status=\"committed\"}", &self.committed),
-                ("{status=\"rolled_back\"}", &self.rolled_back),
-                ("{status=\"succeeded\"}", &self.succeeded),
-                ("{status=\"compensated\"}", &self.compensated),
-            ],
-        );
-        counter(
-            "needs_attention_total",
-            "Transactions parked because a Confirm, Cancel or compensation was refused.",
-            &[("", &self.needs_attention)],
-        );
-        counter(
-            "recovered_total",
-            "Transactions taken over by recovery.",
-            &[("", &self.recovered)],
-        );
-        let _ = writeln!(
-            out,
-            "# HELP dtx_store_commits_total Database commits made by the store.\n# TYPE dtx_store_commits_total counter\ndtx_store_commits_total {store_commits}"
-        );
-        let _ = writeln!(
-            out,
-            "# HELP dtx_store_writes_total State changes written (several share a commit).\n# TYPE dtx_store_writes_total counter\ndtx_store_writes_total {store_writes}"
-        );
-        let _ = writeln!(
-            out,
-            "# HELP dtx_clock_offset_ms The database's clock minus this host's wall clock (leases and deadlines use the database's).\n# TYPE dtx_clock_offset_ms gauge\ndtx_clock_offset_ms {}",
-            self.clock_skew_ms.load(Ordering::Relaxed)
-        );
-        if let Some(parked) = parked_now {
-            let _ = writeln!(
-                out,
-                "# HELP dtx_needs_attention Transactions parked in NEEDS_ATTENTION now, across all instances.\n# TYPE dtx_needs_attention gauge\ndtx_needs_attention {parked}"
-            );
-        }
-        out
+            if let Some(parked) = now.parked {
+                gauge!("dtx_needs_attention").set(parked as f64);
+            }
+            if let Some(age_ms) = now.oldest_open_ms {
+                gauge!("dtx_oldest_open_transaction_age_seconds")
+                    .set(age_ms.max(0) as f64 / 1000.0);
+            }
+            gauge!("dtx_drivers_active").set(now.drivers as f64);
+        });
+        self.handle.render()
     }
 }
 
@@ -123,25 +301,71 @@ mod tests {
     use super::*;
 
     #[test]
-    fn renders_prometheus_text_with_the_alert_gauge() {
+    fn renders_prometheus_text_with_the_scrape_time_values() {
         let m = Metrics::default();
         m.started(Kind::Tcc);
-        m.finished(TxStatus::Committed);
+        m.finished(Kind::Tcc, TxStatus::Committed, Duration::from_millis(30));
         m.parked();
-        let text = m.render(7, 21, Some(3));
+        m.branch_call(
+            "bank.debit",
+            "CONFIRM",
+            "success",
+            Duration::from_micros(700),
+        );
+        m.clock_skew(-30_000);
+        let errors = [("progress", 2), ("decide", 0)];
+        let text = m.render(Snapshot {
+            store_commits: 7,
+            store_writes: 21,
+            store_errors: &errors,
+            parked: Some(3),
+            oldest_open_ms: Some(2_500),
+            drivers: 4,
+        });
+        for line in [
+            "dtx_transactions_started_total{kind=\"tcc\"} 1",
+            "dtx_transactions_finished_total{status=\"COMMITTED\"} 1",
+            "dtx_transaction_duration_seconds_bucket{kind=\"tcc\",outcome=\"COMMITTED\",le=\"0.05\"} 1",
+            "dtx_branch_call_duration_seconds_bucket{handler=\"bank.debit\",action=\"CONFIRM\",outcome=\"success\",le=\"0.001\"} 1",
+            "dtx_needs_attention_total 1",
+            "# TYPE dtx_clock_offset_ms gauge\ndtx_clock_offset_ms -30000",
+            "# TYPE dtx_needs_attention gauge\ndtx_needs_attention 3",
+            "dtx_oldest_open_transaction_age_seconds 2.5",
+            "dtx_drivers_active 4",
+            "dtx_store_commits_total 7",
+            "dtx_store_writes_total 21",
+            "dtx_store_errors_total{operation=\"progress\"} 2",
+        ] {
+            assert!(text.contains(line), "{line:?} missing in\n{text}");
+        }
         assert!(
-            text.contains("dtx_transactions_started_total{kind=\"tcc\"} 1"),
+            text.contains("dtx_store_errors_total{operation=\"decide\"} 0"),
             "{text}"
         );
-        assert!(text.contains("dtx_transactions_finished_total{status=\"committed\"} 1"));
-        assert!(text.contains("dtx_needs_attention_total 1"));
-        m.clock_skew(-30_000);
-        let text = m.render(7, 21, Some(3));
-        assert!(text.contains("# TYPE dtx_clock_offset_ms gauge\ndtx_clock_offset_ms -30000"));
-        assert!(text.contains("# TYPE dtx_needs_attention gauge\ndtx_needs_attention 3"));
-        assert!(
-            text.contains("dtx_store_commits_total 7")
-                && text.contains("dtx_store_writes_total 21")
-        );
+        for name in METRIC_NAMES {
+            if ![
+                "dtx_takeovers_total",
+                "dtx_branch_retries_total",
+                "dtx_alert_deliveries_total",
+            ]
+            .contains(name)
+            {
+                assert!(
+                    text.contains(&format!("# TYPE {name} ")),
+                    "{name} missing in\n{text}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn engines_in_one_process_keep_their_numbers_apart() {
+        let (a, b) = (Metrics::default(), Metrics::default());
+        a.started(Kind::Saga);
+        a.started(Kind::Saga);
+        b.started(Kind::Saga);
+        let count = |m: &Metrics| m.render(Snapshot::default());
+        assert!(count(&a).contains("dtx_transactions_started_total{kind=\"saga\"} 2"));
+        assert!(count(&b).contains("dtx_transactions_started_total{kind=\"saga\"} 1"));
     }
 }

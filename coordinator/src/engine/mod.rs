@@ -33,7 +33,7 @@ use crate::store::Store;
 pub use crate::domain::job::CallOutcome;
 pub use alerts::AlertConfig;
 pub use driver::Ended;
-pub use metrics::Metrics;
+pub use metrics::{METRIC_NAMES, Metrics};
 pub use operator::{Acted, Described, Operator};
 pub use participants::Participants;
 pub use tcc::NewBranch;
@@ -182,6 +182,18 @@ impl Inner {
     }
 }
 
+/// Folds the metrics' histogram samples into their buckets every few seconds, so memory stays
+/// bounded between scrapes.
+async fn metrics_upkeep(inner: Arc<Inner>) {
+    let mut shutdown = inner.shutdown.subscribe();
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(5)) => inner.metrics.upkeep(),
+            _ = shutdown.changed() => return,
+        }
+    }
+}
+
 /// Samples the database's clock every `clock_sync`; repeats the skew warning at most once a
 /// minute while it lasts.
 async fn sync_clock(inner: Arc<Inner>) {
@@ -236,6 +248,26 @@ impl Engine {
         &self.inner.metrics
     }
 
+    /// The Prometheus text of `/metrics`, with the gauges read from the store now.
+    pub async fn render_metrics(&self) -> String {
+        let store = &self.inner.store;
+        let (commits, writes) = store.stats().snapshot();
+        let errors = store.stats().failed_writes();
+        let now_ms = self.inner.now_ms();
+        let oldest = store.oldest_open_created_ms().await;
+        if oldest.is_err() {
+            self.inner.metrics.store_error("oldest_open");
+        }
+        self.inner.metrics.render(metrics::Snapshot {
+            store_commits: commits,
+            store_writes: writes,
+            store_errors: &errors,
+            parked: store.count_parked().await.ok(),
+            oldest_open_ms: oldest.ok().map(|o| o.map_or(0, |created| now_ms - created)),
+            drivers: self.inner.drivers.load(Ordering::Relaxed),
+        })
+    }
+
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.inner.store
     }
@@ -246,6 +278,7 @@ impl Engine {
         self.inner.observe_clock(true);
         tokio::spawn(recovery::run(self.clone()));
         tokio::spawn(sync_clock(self.inner.clone()));
+        tokio::spawn(metrics_upkeep(self.inner.clone()));
         if let Some(alerts) = self.inner.config.alerts.clone() {
             tokio::spawn(alerts::run(self.clone(), alerts));
         }

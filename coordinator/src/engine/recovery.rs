@@ -41,7 +41,10 @@ pub(super) async fn run(engine: Engine) {
                     continue; // more may be due: claim again right away
                 }
             }
-            Err(e) => tracing::warn!(error = %e, "recovery could not claim due work"),
+            Err(e) => {
+                engine.inner.metrics.store_error("claim_due");
+                tracing::warn!(error = %e, "recovery could not claim due work");
+            }
         }
         if let Some(retention) = config.retention
             && last_purge.elapsed() >= Duration::from_secs(60)
@@ -51,7 +54,10 @@ pub(super) async fn run(engine: Engine) {
             match engine.inner.store.purge_finished(before, 500).await {
                 Ok(0) => {}
                 Ok(n) => tracing::info!(deleted = n, "purged finished transactions"),
-                Err(e) => tracing::warn!(error = %e, "purging finished transactions failed"),
+                Err(e) => {
+                    engine.inner.metrics.store_error("purge_finished");
+                    tracing::warn!(error = %e, "purging finished transactions failed");
+                }
             }
         }
         // Jitter spreads the polls of several instances.
@@ -67,7 +73,7 @@ pub(super) async fn run(engine: Engine) {
 /// Drives a claimed transaction (its fencing token is the one the claim installed).
 async fn take_over(engine: &Engine, mut record: TxRecord) -> Result<()> {
     let g = &record.global;
-    let fence = g.fence;
+    let (fence, claimed_in) = (g.fence, g.status);
     let phase = match (g.kind, g.status, g.decision) {
         (Kind::Tcc, TxStatus::Trying, _) => {
             // Undecided at its deadline: roll back (branches whose Try never ran get an
@@ -102,7 +108,7 @@ async fn take_over(engine: &Engine, mut record: TxRecord) -> Result<()> {
             return Ok(());
         }
     };
-    engine.inner.metrics.recovered();
+    engine.inner.metrics.taken_over(claimed_in);
     tracing::info!(xid = %record.global.xid, status = %record.global.status, "taking over");
     let job = engine.job(&record, fence, phase)?.taken_over();
     engine.spawn(job, record.global);

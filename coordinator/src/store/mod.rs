@@ -173,9 +173,34 @@ pub struct StoreStats {
     pub commits: AtomicU64,
     /// Writes applied (each belongs to one commit).
     pub writes: AtomicU64,
+    /// Writes that failed, by operation (in the order of [`WRITE_OPERATIONS`]).
+    failed: [AtomicU64; WRITE_OPERATIONS.len()],
 }
 
+/// The write operations, as named in the `operation` label of `dtx_store_errors_total`.
+pub const WRITE_OPERATIONS: [&str; 5] = [
+    "begin_tcc",
+    "submit_saga",
+    "register_branch",
+    "decide",
+    "progress",
+];
+
 impl StoreStats {
+    /// Counts a failed write of operation `index` in [`WRITE_OPERATIONS`].
+    pub(crate) fn failed(&self, index: usize) {
+        self.failed[index].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Failed writes by operation.
+    pub fn failed_writes(&self) -> Vec<(&'static str, u64)> {
+        WRITE_OPERATIONS
+            .iter()
+            .zip(&self.failed)
+            .map(|(op, n)| (*op, n.load(Ordering::Relaxed)))
+            .collect()
+    }
+
     pub fn snapshot(&self) -> (u64, u64) {
         (
             self.commits.load(Ordering::Relaxed),
@@ -227,6 +252,10 @@ pub trait Store: Send + Sync + 'static {
     /// How many transactions are parked in NEEDS_ATTENTION, across every instance (the gauge
     /// operators alert on).
     fn count_parked(&self) -> BoxFuture<'_, Result<u64>>;
+
+    /// `created_ms` of the oldest transaction not in a terminal status (one index step per
+    /// open status, cheap enough for every scrape).
+    fn oldest_open_created_ms(&self) -> BoxFuture<'_, Result<Option<i64>>>;
 
     fn stats(&self) -> &StoreStats;
 

@@ -109,6 +109,21 @@ const OLDEST_OF_STATUS: &str = "SELECT MIN(created_ms) FROM dtx_global WHERE sta
 const FINISHED: &str = "SELECT xid FROM dtx_global WHERE status IN \
      ('COMMITTED', 'ROLLED_BACK', 'SUCCEEDED', 'COMPENSATED') AND updated_ms < ? LIMIT ?";
 
+/// `created_ms` of the oldest transaction in a non-terminal status: one index step per status.
+async fn oldest_open<DB: Backend>(conn: &mut DB::Conn) -> Result<Option<i64>> {
+    let mut oldest: Option<i64> = None;
+    for status in TxStatus::ALL.iter().filter(|s| !s.is_terminal()) {
+        if let Some(row) = conn
+            .fetch_optional(OLDEST_OF_STATUS, args![status.as_str()])
+            .await?
+            && let Some(created) = row.opt_i64(0)?
+        {
+            oldest = Some(oldest.map_or(created, |o| o.min(created)));
+        }
+    }
+    Ok(oldest)
+}
+
 /// The store on database `DB`.
 pub struct SqlStore<DB: Backend> {
     pub(super) pool: Pool<DB>,
@@ -258,16 +273,7 @@ impl<DB: Backend> SqlStore<DB> {
                 row.i64(2)?.max(0) as u64,
             ));
         }
-        for status in TxStatus::ALL.iter().filter(|s| !s.is_terminal()) {
-            if let Some(row) = conn
-                .fetch_optional(OLDEST_OF_STATUS, args![status.as_str()])
-                .await?
-                && let Some(created) = row.opt_i64(0)?
-            {
-                let oldest = tally.oldest_open_created_ms.get_or_insert(created);
-                *oldest = (*oldest).min(created);
-            }
-        }
+        tally.oldest_open_created_ms = oldest_open::<DB>(conn).await?;
         Ok(tally)
     }
 
@@ -357,6 +363,13 @@ impl<DB: Backend> Store for SqlStore<DB> {
 
     fn tally(&self) -> BoxFuture<'_, Result<Tally>> {
         Box::pin(self.tally_rows())
+    }
+
+    fn oldest_open_created_ms(&self) -> BoxFuture<'_, Result<Option<i64>>> {
+        Box::pin(async move {
+            let mut conn = self.pool.acquire().await?;
+            oldest_open::<DB>(DB::pooled(&mut conn)).await
+        })
     }
 
     fn count_parked(&self) -> BoxFuture<'_, Result<u64>> {

@@ -78,7 +78,22 @@ impl Job {
         Ok(())
     }
 
-    fn answer(self, result: Result<()>) {
+    /// Index of the job's kind in [`super::WRITE_OPERATIONS`].
+    fn operation(&self) -> usize {
+        match self {
+            Job::BeginTcc(_) => 0,
+            Job::SubmitSaga(_) => 1,
+            Job::RegisterBranch(_) => 2,
+            Job::Decide(_) => 3,
+            Job::Progress(_) => 4,
+        }
+    }
+
+    /// Answers the caller, counting a failure in `stats`.
+    fn answer(self, result: Result<()>, stats: &StoreStats) {
+        if result.is_err() {
+            stats.failed(self.operation());
+        }
         with_slot!(self, s => s.answer(result))
     }
 }
@@ -166,7 +181,7 @@ async fn run<DB: Backend>(
                     .writes
                     .fetch_add(batch.len() as u64, Ordering::Relaxed);
                 for job in batch.drain(..) {
-                    job.answer(Ok(()));
+                    job.answer(Ok(()), &stats);
                 }
             }
             Err(e) if batch.len() > 1 && !e.is_connection_lost() => {
@@ -177,14 +192,14 @@ async fn run<DB: Backend>(
                         stats.commits.fetch_add(1, Ordering::Relaxed);
                         stats.writes.fetch_add(1, Ordering::Relaxed);
                     }
-                    job.answer(result);
+                    job.answer(result, &stats);
                 }
             }
             Err(e) => {
                 tracing::warn!(error = %e, size = batch.len(), "store write failed");
                 let message = e.to_string();
                 for job in batch.drain(..) {
-                    job.answer(Err(Error::Unavailable(message.clone())));
+                    job.answer(Err(Error::Unavailable(message.clone())), &stats);
                 }
             }
         }
