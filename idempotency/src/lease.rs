@@ -16,9 +16,10 @@ use std::future::Future;
 
 use crate::{
     Answer, Completion, Decision, Expired, Fact, Idempotency, Key, Record, RequestHash, Status,
-    StoredResult, Waiter, answer_of, attention_text, decide, new_token, sql,
+    StoredResult, Waiter, answer_of, attention_text, decide, metrics, new_token, sql,
 };
 use crate::{Error, HandlerError};
+use metrics::Outcome;
 
 /// The outcome of [`Idempotency::claim`].
 pub enum Claim<DB: Backend> {
@@ -33,6 +34,8 @@ pub struct Lease<DB: Backend> {
     store: Idempotency<DB>,
     key: Key,
     token: String,
+    /// How the claim was won (first insert, re-claim, take-over), for the request metric.
+    won: Outcome,
 }
 
 impl<DB: Backend> Lease<DB> {
@@ -100,8 +103,8 @@ impl<DB: Backend> Lease<DB> {
         work.await
     }
 
-    pub(crate) fn into_token(self) -> String {
-        self.token
+    pub(crate) fn into_token(self) -> (String, Outcome) {
+        (self.token, self.won)
     }
 
     /// Records how the business ended, if this lease still owns the record; otherwise
@@ -132,6 +135,7 @@ impl<DB: Backend> Lease<DB> {
                     let reason = format!("result could not be stored: {limit}");
                     sql::park(conn, &self.key, &self.token, attention_text(&reason), now).await?;
                     tx.commit().await?;
+                    metrics::parked(self.key.scope());
                     return Err(limit);
                 }
             },
@@ -143,8 +147,10 @@ impl<DB: Backend> Lease<DB> {
                 key = %self.key.fingerprint(),
                 "late completion refused: the lease was taken over"
             );
+            metrics::refused(self.key.scope());
             return Err(Error::LeaseLost);
         }
+        metrics::completion(self.key.scope(), &completion);
         Ok(Answer::Executed(completion))
     }
 }
@@ -164,6 +170,19 @@ impl<DB: Backend> Idempotency<DB> {
     /// Claims `key` for a request with `hash`, or says why not (see [`crate::decide`]).
     /// Waits up to [`Idempotency::wait`] for a live lease to finish.
     pub async fn claim(&self, key: &Key, hash: &RequestHash) -> Result<Claim<DB>, Error> {
+        let claim = self.acquire(key, hash).await?;
+        let outcome = match &claim {
+            Claim::Owned(lease) => Some(lease.won),
+            Claim::Answered(answer) => Outcome::of_answer(answer),
+        };
+        if let Some(outcome) = outcome {
+            metrics::request(key.scope(), outcome);
+        }
+        Ok(claim)
+    }
+
+    /// [`Idempotency::claim`] without counting the request (a caller that counts it itself).
+    pub(crate) async fn acquire(&self, key: &Key, hash: &RequestHash) -> Result<Claim<DB>, Error> {
         let mut waiter = Waiter::new(self.wait);
         let hash_hex = hash.to_hex();
         loop {
@@ -173,7 +192,7 @@ impl<DB: Backend> Idempotency<DB> {
             let conn = DB::conn(&mut tx);
             if sql::claim(conn, key, &hash_hex, &token, self.lease_until(now), now).await? {
                 tx.commit().await?;
-                return Ok(Claim::Owned(self.owned(key, token)));
+                return Ok(Claim::Owned(self.owned(key, token, Outcome::First)));
             }
             let record = sql::read(conn, key).await?;
             tx.commit().await?;
@@ -187,7 +206,7 @@ impl<DB: Backend> Idempotency<DB> {
                         sql::reclaim(DB::conn(&mut tx), key, &token, version, until, now).await?;
                     tx.commit().await?;
                     if won {
-                        return Ok(Claim::Owned(self.owned(key, token)));
+                        return Ok(Claim::Owned(self.owned(key, token, Outcome::Reclaimed)));
                     }
                 }
                 Decision::TakeOver { version } => {
@@ -272,11 +291,12 @@ impl<DB: Backend> Idempotency<DB> {
         })
     }
 
-    fn owned(&self, key: &Key, token: String) -> Lease<DB> {
+    fn owned(&self, key: &Key, token: String, won: Outcome) -> Lease<DB> {
         Lease {
             store: self.clone(),
             key: key.clone(),
             token,
+            won,
         }
     }
 
@@ -316,10 +336,20 @@ impl<DB: Backend> Idempotency<DB> {
             created_at: record.created_at,
         };
         // On error the record keeps our fresh lease; the check runs again when it expires.
-        let fact = (self.fact_check)(expired).await.map_err(Error::FactCheck)?;
+        let fact = (self.fact_check)(expired).await.map_err(|e| {
+            metrics::takeover(key.scope(), None);
+            Error::FactCheck(e)
+        })?;
+        metrics::takeover(key.scope(), Some(&fact));
         let now = self.now_ms();
         let answer = match fact {
-            Fact::NotHappened => return Ok(Some(Claim::Owned(self.owned(key, token)))),
+            Fact::NotHappened => {
+                return Ok(Some(Claim::Owned(self.owned(
+                    key,
+                    token,
+                    Outcome::TakenOver,
+                ))));
+            }
             Fact::Happened(result) => {
                 result.check(self.max_result_bytes)?;
                 let mut tx = DB::begin(&self.pool).await?;

@@ -57,6 +57,7 @@ mod hash;
 pub mod http;
 mod key;
 mod lease;
+pub mod metrics;
 pub mod retention;
 mod sql;
 mod transaction;
@@ -283,6 +284,9 @@ pub struct Stats {
     pub failed_final: u64,
     /// Unix ms of the least recently touched PROCESSING record (how stuck the oldest is).
     pub oldest_processing_update: Option<i64>,
+    /// Unix ms of the least recently changed finished record: older than the scope's
+    /// retention window means cleanup is behind.
+    pub oldest_finished_update: Option<i64>,
 }
 
 /// The next step for a request that found an existing record: the state machine, free of I/O.
@@ -471,6 +475,7 @@ impl<DB: Backend> Idempotency<DB> {
         if !done {
             return Err(Error::Misuse(format!("{key:?} is not parked for a person")));
         }
+        metrics::completion(key.scope(), &completion);
         Ok(())
     }
 
@@ -479,6 +484,15 @@ impl<DB: Backend> Idempotency<DB> {
         let mut tx = DB::begin(&self.pool).await?;
         let stats = sql::stats(DB::conn(&mut tx), scope).await?;
         tx.commit().await?;
+        Ok(stats)
+    }
+
+    /// Reads `scope`'s [`Stats`] and sets the record gauges of [`metrics`] from them (counts by
+    /// status, the oldest PROCESSING and finished ages). Call it periodically (say every 30 s,
+    /// from one instance: it is one grouped query on the scope's index) next to retention.
+    pub async fn export_stats(&self, scope: &str) -> Result<Stats, Error> {
+        let stats = self.stats(scope).await?;
+        metrics::export(scope, &stats, self.now_ms());
         Ok(stats)
     }
 

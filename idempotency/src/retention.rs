@@ -43,7 +43,9 @@ pub async fn purge_scope_at<DB: Backend>(
     let cutoff = now_ms - window.as_millis() as i64;
     let batch = i64::from(batch.max(1));
     let args = dtx_sql::args![scope, cutoff, cutoff];
-    Ok(dtx_sql::delete_batched(pool, sql::PURGE, args, batch).await?)
+    let deleted = dtx_sql::delete_batched(pool, sql::PURGE, args, batch).await?;
+    crate::metrics::purged(scope, deleted);
+    Ok(deleted)
 }
 
 /// Retention windows per scope, run together (for example from a periodic task).

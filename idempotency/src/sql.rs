@@ -274,9 +274,18 @@ pub(crate) async fn stats<C: Conn>(conn: &mut C, scope: &str) -> Result<Stats, E
                 stats.parked = row.i64(2)? as u64;
                 stats.oldest_processing_update = row.opt_i64(3)?;
             }
-            Some(Status::Succeeded) => stats.succeeded = count,
-            Some(Status::FailedRetryable) => stats.failed_retryable = count,
-            Some(Status::FailedFinal) => stats.failed_final = count,
+            Some(finished) => {
+                match finished {
+                    Status::Succeeded => stats.succeeded = count,
+                    Status::FailedRetryable => stats.failed_retryable = count,
+                    _ => stats.failed_final = count,
+                }
+                let oldest = row.opt_i64(3)?;
+                stats.oldest_finished_update = match (stats.oldest_finished_update, oldest) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
+            }
             None => {}
         }
     }

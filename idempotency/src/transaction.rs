@@ -11,9 +11,10 @@ use futures::future::BoxFuture;
 
 use crate::{
     Answer, Claim, Completion, Decision, Idempotency, Key, RequestHash, Waiter, answer_of, backoff,
-    decide, new_token, sql,
+    decide, metrics, new_token, sql,
 };
 use crate::{Error, HandlerError};
+use metrics::Outcome;
 
 /// The shape of same-transaction business code, named once for the private steps.
 trait TxBusiness<C>:
@@ -27,16 +28,19 @@ impl<C, F> TxBusiness<C> for F where
 }
 
 /// One attempt of a request: its key and hash, the lease token it already owns (won through
-/// the lease path), and the business to run.
+/// the lease path) and how it won it, and the business to run.
 struct Attempt<'a, F> {
     key: &'a Key,
     hash: &'a RequestHash,
-    owned: Option<&'a str>,
+    owned: Option<(&'a str, Outcome)>,
     business: &'a F,
 }
 
 /// What one transaction attempt came to.
 enum Step {
+    /// The business ran (having won the key this way) and its outcome committed.
+    Executed(Completion, Outcome),
+    /// Nothing to run: the answer for this request.
     Answer(Answer),
     /// Lost a race (the record changed or vanished between statements): try again.
     Again,
@@ -72,12 +76,18 @@ impl<DB: Backend> Idempotency<DB> {
         let mut waiter = Waiter::new(self.wait);
         let mut conflicts = 0;
         // A token won through the lease path (fact check said "not happened").
-        let mut owned: Option<String> = None;
+        let mut owned: Option<(String, Outcome)> = None;
+        let answered = |answer: Answer| {
+            if let Some(outcome) = Outcome::of_answer(&answer) {
+                metrics::request(key.scope(), outcome);
+            }
+            Ok(answer)
+        };
         loop {
             let request = Attempt {
                 key,
                 hash,
-                owned: owned.as_deref(),
+                owned: owned.as_ref().map(|(token, won)| (token.as_str(), *won)),
                 business: &business,
             };
             let step = self.attempt(request).await;
@@ -85,16 +95,22 @@ impl<DB: Backend> Idempotency<DB> {
                 Ok(Step::Answer(Answer::InProgress { .. })) if waiter.has_time() => {
                     waiter.pause().await
                 }
-                Ok(Step::Answer(answer)) => return Ok(answer),
+                Ok(Step::Answer(answer)) => return answered(answer),
+                Ok(Step::Executed(completion, won)) => {
+                    metrics::request(key.scope(), won);
+                    metrics::completion(key.scope(), &completion);
+                    return Ok(Answer::Executed(completion));
+                }
                 Ok(Step::Again) => {}
-                Ok(Step::Expired) => match self.claim(key, hash).await? {
+                Ok(Step::Expired) => match self.acquire(key, hash).await? {
                     Claim::Owned(lease) => owned = Some(lease.into_token()),
-                    Claim::Answered(answer) => return Ok(answer),
+                    Claim::Answered(answer) => return answered(answer),
                 },
                 Err(Error::Database(e))
                     if dtx_sql::is_lock_conflict(&e) && conflicts < self.conflict_retries =>
                 {
                     conflicts += 1;
+                    metrics::lock_conflict(key.scope());
                     tracing::debug!(attempt = conflicts, error = %e, "lock conflict, running again");
                     tokio::time::sleep(backoff(conflicts)).await;
                 }
@@ -136,8 +152,8 @@ impl<DB: Backend> Idempotency<DB> {
             business,
         } = request;
         let now = self.now_ms();
-        let token = match owned {
-            Some(token) => token.to_string(),
+        let (token, won) = match owned {
+            Some((token, won)) => (token.to_string(), won),
             None => {
                 let token = new_token();
                 let until = self.lease_until(now);
@@ -150,12 +166,14 @@ impl<DB: Backend> Idempotency<DB> {
                             if !sql::reclaim(conn, key, &token, version, until, now).await? {
                                 return Ok(Step::Again);
                             }
+                            (token, Outcome::Reclaimed)
                         }
                         Decision::TakeOver { .. } => return Ok(Step::Expired),
                         decision => return Ok(Step::Answer(answer_of(decision, now))),
                     }
+                } else {
+                    (token, Outcome::First)
                 }
-                token
             }
         };
         let savepoint = Savepoint::begin(conn, "dtx_idempotency").await?;
@@ -185,6 +203,6 @@ impl<DB: Backend> Idempotency<DB> {
         if !still_owner {
             return Err(Error::LeaseLost);
         }
-        Ok(Step::Answer(Answer::Executed(completion)))
+        Ok(Step::Executed(completion, won))
     }
 }

@@ -7,6 +7,8 @@
 //!   transaction, applies the barrier and maps outcomes to the wire.
 //! * [`client`] - what an initiator uses: TCC transactions (with a closure form that commits on
 //!   `Ok` and rolls back on `Err`) and a typed saga builder.
+//! * [`metrics`] - the barrier's counters, through the `metrics` facade (the service's own
+//!   exporter picks them up, as it does the idempotency records').
 //! * [`idempotency`] - idempotency records for HTTP endpoints, payment callbacks, message
 //!   consumers and jobs: the `dtx-idempotency` crate, re-exported. Its canonical-JSON hashes
 //!   need this crate's feature `json`, its tower layer the feature `http`.
@@ -19,6 +21,7 @@
 pub mod barrier;
 pub mod client;
 mod error;
+pub mod metrics;
 pub mod server;
 
 pub use dtx_idempotency as idempotency;

@@ -60,9 +60,9 @@ use futures::future::BoxFuture;
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
-use crate::Error;
 use crate::barrier::{self, Action, Answer, BranchKey, Detail, HandlerError, Reply};
 use crate::idempotency::RequestHash;
+use crate::{Error, metrics};
 
 /// One branch call as a handler sees it.
 #[derive(Debug, Clone)]
@@ -234,11 +234,15 @@ impl<DB: Backend> ParticipantServer<DB> {
         let mut attempt = 0;
         loop {
             match self.run_once(handler, call).await {
-                Ok(answer) => return to_wire(answer),
+                Ok(answer) => {
+                    metrics::call(&call.handler, call.action, Some(answer.detail));
+                    return to_wire(answer);
+                }
                 Err(Error::Database(e))
                     if dtx_sql::is_lock_conflict(&e) && attempt < self.conflict_retries =>
                 {
                     attempt += 1;
+                    metrics::lock_conflict(&call.handler);
                     tracing::debug!(attempt, error = %e, "lock conflict, running the branch again");
                     tokio::time::sleep(Duration::from_millis(5 * u64::from(attempt))).await;
                 }
@@ -249,6 +253,7 @@ impl<DB: Backend> ParticipantServer<DB> {
                     } else {
                         tracing::warn!(error = %e, kind, "branch rolled back; answering RETRY");
                     }
+                    metrics::call(&call.handler, call.action, None);
                     return BranchResponse {
                         outcome: Outcome::Retry as i32,
                         result: Vec::new(),

@@ -1,0 +1,306 @@
+//! The SDK's metrics as a service's own exporter sees them: a global Prometheus recorder is
+//! installed once for this test binary (as a service would in its main), the records and the
+//! participant server are driven through every outcome on SQLite, PostgreSQL and MariaDB, and
+//! the rendered text is read back. Each database's run uses its own scope and handler names,
+//! so the runs (concurrent in one process) do not count into each other's series.
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use dtx_proto::v1::participant_client::ParticipantClient;
+use dtx_proto::v1::{BranchAction, BranchRequest};
+use dtx_sdk::barrier::Reply;
+use dtx_sdk::idempotency::{
+    Answer, Claim, Clock, Completion, Fact, Idempotency, Key, ManualClock, RequestHash,
+    StoredResult, metrics as records, retention,
+};
+use dtx_sdk::metrics as barrier;
+use dtx_sdk::server::{HandlerFn, ParticipantServer};
+use dtx_sql::Schema;
+use dtx_tests::db::{TestBackend, TestDb};
+use dtx_tests::net::serve;
+use dtx_tests::scrape::Scrape;
+use dtx_tests::test_on_all_databases;
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use tonic::transport::{Channel, Server};
+
+const LEASE: Duration = Duration::from_secs(30);
+
+/// The process's one recorder, installed by whichever test gets here first.
+fn exporter() -> &'static PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE.get_or_init(|| {
+        PrometheusBuilder::new()
+            .install_recorder()
+            .expect("install the global recorder")
+    })
+}
+
+fn scrape() -> Scrape {
+    Scrape::parse(&exporter().render())
+}
+
+fn name<DB: TestBackend>(prefix: &str) -> String {
+    format!("{prefix}_{:?}", DB::DIALECT).to_ascii_lowercase()
+}
+
+fn ok(code: &str) -> Completion {
+    Completion::Succeeded(StoredResult::new(code))
+}
+
+async fn records_count_every_outcome<DB: TestBackend>(db: &'static TestDb<DB>) {
+    exporter();
+    let scope = name::<DB>("metrics.orders");
+    let clock = ManualClock::at(1_000_000);
+    // The fact check answers by business id: what a ledger lookup would say.
+    let store = Idempotency::new(db.pool.clone())
+        .lease(LEASE)
+        .clock(clock.clone())
+        .fact_check(|expired| {
+            let id = expired.key.business_id().to_string();
+            Box::pin(async move {
+                Ok(match id.as_str() {
+                    "happened" => Fact::Happened(StoredResult::new("201")),
+                    "unknown" => Fact::Unknown("ledger unreachable".into()),
+                    _ => Fact::NotHappened,
+                })
+            })
+        });
+    let key = |id: &str| Key::builder(&scope).business_id(id).build().unwrap();
+    let (a, b) = (RequestHash::of_bytes(b"a"), RequestHash::of_bytes(b"b"));
+    let run = |id: &'static str, hash: RequestHash, completion: Completion| {
+        let (store, key) = (store.clone(), key(id));
+        async move {
+            store
+                .run_in_transaction(&key, &hash, move |_conn| {
+                    let completion = completion.clone();
+                    Box::pin(async move { Ok(completion) })
+                })
+                .await
+                .unwrap()
+        }
+    };
+
+    // Same transaction: first, a replay, a conflict; a retryable failure, then its re-claim.
+    assert!(matches!(
+        run("one", a, ok("201")).await,
+        Answer::Executed(_)
+    ));
+    assert!(matches!(
+        run("one", a, ok("201")).await,
+        Answer::Replayed { .. }
+    ));
+    assert_eq!(run("one", b, ok("201")).await, Answer::Conflict);
+    let busy = Completion::FailedRetryable(StoredResult::new("503"));
+    assert!(matches!(run("flaky", a, busy).await, Answer::Executed(_)));
+    assert!(matches!(
+        run("flaky", a, ok("201")).await,
+        Answer::Executed(_)
+    ));
+
+    // Lease mode: a live lease is in progress; three owners die and their leases expire.
+    let mut stale = Vec::new();
+    for id in ["lost", "happened", "unknown"] {
+        let Claim::Owned(lease) = store.claim(&key(id), &a).await.unwrap() else {
+            panic!("{id}: the first claim owns the key")
+        };
+        stale.push(lease);
+    }
+    let Claim::Answered(Answer::InProgress { .. }) = store.claim(&key("lost"), &a).await.unwrap()
+    else {
+        panic!("the lease still lives")
+    };
+    clock.advance(LEASE + Duration::from_millis(1));
+    let Claim::Owned(successor) = store.claim(&key("lost"), &a).await.unwrap() else {
+        panic!("not happened: the successor runs it")
+    };
+    let Claim::Answered(Answer::Replayed { .. }) = store.claim(&key("happened"), &a).await.unwrap()
+    else {
+        panic!("happened: recorded and replayed")
+    };
+    let Claim::Answered(Answer::NeedsAttention { .. }) =
+        store.claim(&key("unknown"), &a).await.unwrap()
+    else {
+        panic!("cannot tell: parked")
+    };
+    let late = stale.remove(0).complete(ok("201")).await;
+    assert!(late.is_err(), "the stale owner is fenced out");
+    successor.complete(ok("201")).await.unwrap();
+    store.resolve(&key("unknown"), ok("201")).await.unwrap();
+    // One that stays in flight, for the PROCESSING gauge and its age.
+    let Claim::Owned(_open) = store.claim(&key("open"), &a).await.unwrap() else {
+        panic!("first claim")
+    };
+    clock.advance(Duration::from_secs(7));
+
+    let stats = store.export_stats(&scope).await.unwrap();
+    assert_eq!((stats.processing, stats.succeeded), (1, 5), "{stats:?}");
+    let s = scrape();
+    let requests = |outcome: &str| {
+        s.sum(
+            records::REQUESTS,
+            &[("scope", &scope), ("outcome", outcome)],
+        )
+    };
+    let counts = [
+        "first",
+        "replayed",
+        "conflict",
+        "reclaimed",
+        "in_progress",
+        "taken_over",
+        "parked",
+    ]
+    .map(|o| (o, requests(o)));
+    assert_eq!(
+        counts,
+        [
+            ("first", 6.0),
+            ("replayed", 2.0),
+            ("conflict", 1.0),
+            ("reclaimed", 1.0),
+            ("in_progress", 1.0),
+            ("taken_over", 1.0),
+            ("parked", 1.0),
+        ],
+        "{}",
+        s.text
+    );
+    let completions = |status: &str| {
+        s.sum(
+            records::COMPLETIONS,
+            &[("scope", &scope), ("status", status)],
+        )
+    };
+    // one, flaky's second run, lost's successor, and the person's resolve.
+    assert_eq!(completions("succeeded"), 4.0);
+    assert_eq!(completions("failed_retryable"), 1.0);
+    assert_eq!(completions("refused"), 1.0);
+    let takeovers = |fact: &str| s.sum(records::TAKEOVERS, &[("scope", &scope), ("fact", fact)]);
+    assert_eq!(
+        [
+            takeovers("not_happened"),
+            takeovers("happened"),
+            takeovers("unknown")
+        ],
+        [1.0, 1.0, 1.0]
+    );
+    let gauge = |status: &str| s.sum(records::RECORDS, &[("scope", &scope), ("status", status)]);
+    assert_eq!(
+        [gauge("processing"), gauge("succeeded"), gauge("parked")],
+        [1.0, 5.0, 0.0]
+    );
+    assert_eq!(
+        s.sum(records::OLDEST_PROCESSING_AGE, &[("scope", &scope)]),
+        7.0
+    );
+    assert!(s.sum(records::OLDEST_FINISHED_AGE, &[("scope", &scope)]) >= 7.0);
+
+    // Retention deletes the finished records and counts them.
+    let purged = retention::purge_scope_at(&db.pool, &scope, Duration::ZERO, 2, clock.now_ms() + 1)
+        .await
+        .unwrap();
+    assert_eq!(purged, 5);
+    let s = scrape();
+    assert_eq!(s.sum(records::PURGED, &[("scope", &scope)]), 5.0);
+    // Every name the dashboards are checked against is one really rendered (lock conflicts
+    // need a real deadlock, which this run does not provoke).
+    for name in records::METRIC_NAMES {
+        assert!(
+            *name == records::LOCK_CONFLICTS || s.names.contains(*name),
+            "{name} is not rendered"
+        );
+    }
+}
+
+test_on_all_databases!(records_count_every_outcome, &[Schema::Idempotency]);
+
+fn call(
+    xid: &str,
+    branch: &str,
+    action: BranchAction,
+    handler: &str,
+    payload: &[u8],
+) -> BranchRequest {
+    BranchRequest {
+        xid: xid.into(),
+        branch_id: branch.into(),
+        action: action as i32,
+        handler: handler.into(),
+        payload: payload.to_vec(),
+        headers: Default::default(),
+    }
+}
+
+/// A handler that fails (rolls back, answers RETRY) when its payload says so.
+fn business<C: Send + 'static>() -> impl HandlerFn<C> {
+    |_conn, call| {
+        Box::pin(async move {
+            if call.payload == b"boom" {
+                Err("injected".into())
+            } else {
+                Ok(Reply::ok())
+            }
+        })
+    }
+}
+
+async fn barrier_counts_every_verdict<DB: TestBackend>(db: &'static TestDb<DB>) {
+    exporter();
+    let handler = name::<DB>("reserve");
+    let service = ParticipantServer::new(db.pool.clone())
+        .tcc(&handler, business(), business(), business())
+        .into_service();
+    let server = serve(Server::builder().add_service(service)).await;
+    let channel = Channel::from_shared(server.url())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client = ParticipantClient::new(channel);
+    let mut send = async |xid: &str, branch: &str, action: BranchAction, payload: &[u8]| {
+        client
+            .branch(call(xid, branch, action, &handler, payload))
+            .await
+            .unwrap();
+    };
+    use BranchAction::{Cancel, Confirm, Try};
+    send("x1", "b1", Try, b"p").await; // executed
+    send("x1", "b1", Try, b"p").await; // duplicate
+    send("x1", "b1", Confirm, b"").await; // executed
+    send("x1", "b1", Cancel, b"").await; // conflict: cancel after confirm
+    send("x2", "b1", Cancel, b"").await; // empty rollback
+    send("x2", "b1", Try, b"p").await; // suspended
+    send("x3", "b1", Try, b"boom").await; // rolled back
+    send("x4", "b1", Confirm, b"").await; // out of order: confirm without try
+    let s = scrape();
+    let verdict = |action: &str, detail: &str| {
+        s.sum(
+            barrier::BARRIER_CALLS,
+            &[
+                ("handler", &handler),
+                ("action", action),
+                ("detail", detail),
+            ],
+        )
+    };
+    assert_eq!(
+        [
+            verdict("try", "executed"),
+            verdict("try", "duplicate"),
+            verdict("confirm", "executed"),
+            verdict("cancel", "conflict"),
+            verdict("cancel", "empty_rollback"),
+            verdict("try", "suspended"),
+            verdict("try", "rolled_back"),
+            verdict("confirm", "out_of_order"),
+        ],
+        [1.0; 8],
+        "{}",
+        s.text
+    );
+    assert_eq!(s.sum(barrier::BARRIER_CALLS, &[("handler", &handler)]), 8.0);
+    assert!(s.names.contains(barrier::BARRIER_CALLS));
+}
+
+test_on_all_databases!(barrier_counts_every_verdict, &[Schema::Barrier]);
