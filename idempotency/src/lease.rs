@@ -14,12 +14,12 @@
 use dtx_sql::Backend;
 use std::future::Future;
 
+use crate::metrics::Outcome;
 use crate::{
     Answer, Completion, Decision, Expired, Fact, Idempotency, Key, Record, RequestHash, Status,
     StoredResult, Waiter, answer_of, attention_text, decide, metrics, new_token, sql,
 };
 use crate::{Error, HandlerError};
-use metrics::Outcome;
 
 /// The outcome of [`Idempotency::claim`].
 pub enum Claim<DB: Backend> {

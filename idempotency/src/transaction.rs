@@ -9,12 +9,12 @@
 use dtx_sql::{Backend, Savepoint};
 use futures::future::BoxFuture;
 
+use crate::metrics::Outcome;
 use crate::{
     Answer, Claim, Completion, Decision, Idempotency, Key, RequestHash, Waiter, answer_of, backoff,
     decide, metrics, new_token, sql,
 };
 use crate::{Error, HandlerError};
-use metrics::Outcome;
 
 /// The shape of same-transaction business code, named once for the private steps.
 trait TxBusiness<C>:
