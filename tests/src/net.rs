@@ -27,6 +27,15 @@ impl RunningServer {
         format!("http://{}", self.addr)
     }
 
+    /// A connected channel to this server.
+    pub async fn channel(&self) -> tonic::transport::Channel {
+        tonic::transport::Channel::from_shared(self.url())
+            .expect("a valid url")
+            .connect()
+            .await
+            .expect("connect to the test server")
+    }
+
     /// Stops accepting, lets in-flight calls finish, and waits for the server task.
     pub async fn stop(mut self) {
         if let Some(stop) = self.stop.take() {

@@ -36,12 +36,7 @@ async fn participant_over_grpc<DB: TestBackend>(db: &'static TestDb<DB>) {
     let faults = Faults::default();
     let bank = Bank::new(db.pool.clone(), faults.clone());
     let server = serve(Server::builder().add_service(bank.into_service())).await;
-    let channel = Channel::from_shared(server.url())
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let mut client = ParticipantClient::new(channel);
+    let mut client = ParticipantClient::new(server.channel().await);
     let try_ = BranchAction::Try as i32;
 
     // Try, then its repeat: same bytes, one effect.
@@ -203,13 +198,7 @@ async fn conflicts_are_failure_answers_with_a_reason<DB: TestBackend>(db: &'stat
         Server::builder().add_service(Bank::new(db.pool.clone(), Faults::default()).into_service()),
     )
     .await;
-    let mut client = ParticipantClient::new(
-        Channel::from_shared(server.url())
-            .unwrap()
-            .connect()
-            .await
-            .unwrap(),
-    );
+    let mut client = ParticipantClient::new(server.channel().await);
     let mut call = async |req: BranchRequest| client.branch(req).await.unwrap().into_inner();
     call(request("x1", "b1", BranchAction::Try as i32, "transfer")).await;
     call(request(

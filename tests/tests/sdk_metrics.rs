@@ -22,7 +22,7 @@ use dtx_tests::net::serve;
 use dtx_tests::scrape::Scrape;
 use dtx_tests::test_on_all_databases;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
-use tonic::transport::{Channel, Server};
+use tonic::transport::Server;
 
 const LEASE: Duration = Duration::from_secs(30);
 
@@ -252,12 +252,7 @@ async fn barrier_counts_every_verdict<DB: TestBackend>(db: &'static TestDb<DB>) 
         .tcc(&handler, business(), business(), business())
         .into_service();
     let server = serve(Server::builder().add_service(service)).await;
-    let channel = Channel::from_shared(server.url())
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let mut client = ParticipantClient::new(channel);
+    let mut client = ParticipantClient::new(server.channel().await);
     let mut send = async |xid: &str, branch: &str, action: BranchAction, payload: &[u8]| {
         client
             .branch(call(xid, branch, action, &handler, payload))
