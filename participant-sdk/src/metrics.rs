@@ -46,13 +46,18 @@ pub(crate) fn lock_conflict(handler: &str) {
     counter!(BARRIER_LOCK_CONFLICTS, "handler" => handler.to_string()).increment(1);
 }
 
+/// Help texts, once per process: the exporter takes a write lock for each, too dear per call.
+/// (A recorder installed after the first call gets the metrics without their help text.)
 fn describe() {
-    describe_counter!(
-        BARRIER_CALLS,
-        "Branch calls by handler, action and barrier verdict"
-    );
-    describe_counter!(
-        BARRIER_LOCK_CONFLICTS,
-        "Lock conflicts that made a branch's local transaction run again"
-    );
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        describe_counter!(
+            BARRIER_CALLS,
+            "Branch calls by handler, action and barrier verdict"
+        );
+        describe_counter!(
+            BARRIER_LOCK_CONFLICTS,
+            "Lock conflicts that made a branch's local transaction run again"
+        );
+    });
 }
