@@ -17,8 +17,9 @@ pub struct Config {
     #[arg(long, env = "DTX_LISTEN", default_value = "127.0.0.1:50070")]
     pub listen: SocketAddr,
 
-    /// Store URL: sqlite://FILE (created with its schema on start), postgres://... or
-    /// mysql://... (MySQL or MariaDB).
+    /// Store URL: sqlite://FILE (created with its schema on start; one coordinator per file,
+    /// a second is refused), postgres://... or mysql://... (MySQL or MariaDB; several
+    /// instances may share one).
     #[arg(long, env = "DTX_STORE", default_value = "sqlite://dtx-coordinator.db")]
     pub store: String,
 

@@ -4,6 +4,7 @@
 use dtx_proto::limits::LimitError;
 
 use crate::domain::TxStatus;
+use crate::startup::StartFailure;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -42,11 +43,26 @@ pub enum Error {
     /// The coordinator is shutting down. -> UNAVAILABLE
     #[error("coordinator is shutting down")]
     ShuttingDown,
+    /// The coordinator could not start; the message is a sentence for the operator.
+    #[error("{message}")]
+    Start {
+        failure: StartFailure,
+        message: String,
+    },
 }
 
 impl Error {
     /// Whether the store's connection was lost (the outcome of a write in flight is unknown),
     /// as opposed to an error of one statement.
+    /// The process exit code for this error: a [`StartFailure`]'s own, 1 for a failure while
+    /// serving.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Error::Start { failure, .. } => *failure as u8,
+            _ => 1,
+        }
+    }
+
     pub fn is_connection_lost(&self) -> bool {
         match self {
             Error::Store(e) => dtx_sql::is_connection_error(e),

@@ -50,7 +50,7 @@ impl From<Error> for Status {
             | Error::Migrate(_)
             | Error::Io(_)
             | Error::ShuttingDown => Status::unavailable(e.to_string()),
-            Error::Corrupt(_) => Status::internal(e.to_string()),
+            Error::Corrupt(_) | Error::Start { .. } => Status::internal(e.to_string()),
         }
     }
 }

@@ -17,6 +17,7 @@ pub mod engine;
 pub mod error;
 pub mod grpc;
 pub mod server;
+pub mod startup;
 pub mod store;
 
 pub use error::{Error, Result};

@@ -12,6 +12,7 @@ use crate::config::Config;
 use crate::engine::Engine;
 use crate::error::Result;
 use crate::grpc::CoordinatorService;
+use crate::startup;
 
 /// Calls in flight on one client connection. An SDK client multiplexes all its calls - long
 /// polls of Wait and Commit-and-wait included - over one connection, so hyper's default of 200
@@ -31,12 +32,12 @@ pub async fn run(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<()> {
-    let store = crate::store::open(&config.store, config.store_options()).await?;
+    let (store, _sqlite_lock) = startup::open_store(&config.store, config.store_options()).await?;
     let engine = Engine::new(store, config.engine());
     engine.start_background();
     tracing::info!(
         addr = %listener.local_addr()?,
-        store = %redact(&config.store),
+        store = %startup::redact(&config.store),
         instance = %engine.config().instance,
         "coordinator serving"
     );
@@ -56,12 +57,12 @@ pub async fn run(
     let reflection_v1alpha = reflection().build_v1alpha().map_err(reflection_error)?;
 
     if let Some(addr) = config.metrics_listen {
-        let metrics_listener = TcpListener::bind(addr).await?;
+        let metrics_listener = startup::bind(addr, "--metrics-listen").await?;
         tokio::spawn(serve_metrics(metrics_listener, engine.clone()));
     }
 
     if let Some(addr) = config.admin_listen {
-        let console = TcpListener::bind(addr).await?;
+        let console = startup::bind(addr, "--admin-listen").await?;
         tracing::info!(addr = %console.local_addr()?, "web console serving");
         tokio::spawn(crate::console::serve(console, engine.clone()));
     }
@@ -83,7 +84,7 @@ pub async fn run(
         .add_service(AdminService::new(engine.clone()))
         .serve_with_incoming_shutdown(TcpIncoming::from(listener).with_nodelay(Some(true)), stop)
         .await
-        .map_err(|e| crate::Error::Corrupt(format!("grpc server: {e}")))?;
+        .map_err(|e| crate::Error::Io(std::io::Error::other(e)))?;
     Ok(())
 }
 
@@ -98,7 +99,7 @@ pub async fn main(config: Config) -> Result<()> {
 
 /// Binds `config.listen` and serves until SIGTERM or Ctrl-C.
 pub async fn run_until_signal(config: Config) -> Result<()> {
-    let listener = TcpListener::bind(config.listen).await?;
+    let listener = startup::bind(config.listen, "--listen").await?;
     run(config, listener, shutdown_signal()).await
 }
 
@@ -135,7 +136,13 @@ pub fn init_logging(otlp_endpoint: Option<&str>) -> Result<Tracing> {
                 .with_tonic()
                 .with_endpoint(endpoint)
                 .build()
-                .map_err(|e| crate::Error::Corrupt(format!("OTLP exporter for {endpoint}: {e}")))?;
+                .map_err(|e| crate::Error::Start {
+                    failure: startup::StartFailure::Config,
+                    message: format!(
+                        "cannot export spans to {endpoint:?} (--otlp-endpoint): {e}. Give \
+                             the collector's gRPC URL, e.g. http://127.0.0.1:4317."
+                    ),
+                })?;
             let resource = opentelemetry_sdk::Resource::builder()
                 .with_service_name("dtx-coordinator")
                 .build();
@@ -176,18 +183,6 @@ impl Tracing {
     }
 }
 
-/// The store URL without its password, for logs.
-fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            let creds = &url[scheme + 3..at];
-            let user = creds.split(':').next().unwrap_or("");
-            format!("{}{user}:***{}", &url[..scheme + 3], &url[at..])
-        }
-        _ => url.to_string(),
-    }
-}
-
 /// A minimal HTTP endpoint answering every request with the Prometheus text of the metrics.
 async fn serve_metrics(listener: TcpListener, engine: Engine) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -219,17 +214,5 @@ async fn serve_metrics(listener: TcpListener, engine: Engine) {
             let _ = socket.write_all(head.as_bytes()).await;
             let _ = socket.write_all(body.as_bytes()).await;
         });
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn passwords_are_not_logged() {
-        assert_eq!(
-            super::redact("postgres://u:secret@h/db"),
-            "postgres://u:***@h/db"
-        );
-        assert_eq!(super::redact("sqlite://x.db"), "sqlite://x.db");
     }
 }

@@ -9,7 +9,7 @@ use metrics::{Unit, counter, describe_counter, describe_gauge, gauge};
 
 use crate::{Answer, Completion, Fact, Stats, Status};
 
-/// Requests by scope and outcome (see [`Outcome`]).
+/// Requests by scope and outcome (see `Outcome`).
 pub const REQUESTS: &str = "dtx_idempotency_requests_total";
 /// Outcomes recorded, by scope and status (`succeeded`, `failed_final`, `failed_retryable`,
 /// `unknown`; `parked` for a result over the limits, `refused` for a late completion fenced out

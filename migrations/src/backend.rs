@@ -108,8 +108,19 @@ macro_rules! backend {
             }
 
             async fn connect(url: &str, max_connections: u32) -> Result<Pool<Self>, sqlx::Error> {
+                use sqlx::ConnectOptions as _;
                 let $o = <$options>::from_str(url)?;
-                pool_options(max_connections).connect_with($tune).await
+                let options = $tune;
+                match pool_options(max_connections).connect_with(options.clone()).await {
+                    // The pool retried a refused or rejected connect until its acquire timeout
+                    // (riding out a database that is still starting) and says only that it
+                    // timed out; one more attempt says why.
+                    Err(sqlx::Error::PoolTimedOut) => match options.connect().await {
+                        Err(cause) => Err(cause),
+                        Ok(_) => Err(sqlx::Error::PoolTimedOut),
+                    },
+                    pool => pool,
+                }
             }
 
             async fn execute_script(pool: &Pool<Self>, sql: String) -> Result<(), sqlx::Error> {

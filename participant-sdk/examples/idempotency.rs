@@ -9,6 +9,7 @@
 //! Repeat the call: the same 201 comes back with `idempotent-replayed: true` and no second
 //! order; change the amount under the same key: 409. With `NATS_URL=nats://127.0.0.1:4222` it
 //! also consumes `orders.created` events, shipping each order once however often it arrives.
+//! `LISTEN=127.0.0.1:3001` serves on another address.
 
 use std::time::Duration;
 
@@ -60,7 +61,8 @@ async fn main() -> Result<(), BoxError> {
         })
     });
 
-    if let Ok(url) = std::env::var("NATS_URL") {
+    let nats = std::env::var("NATS_URL").ok();
+    if let Some(url) = nats.clone() {
         tokio::spawn(consume(url, store.clone()));
     }
 
@@ -69,9 +71,35 @@ async fn main() -> Result<(), BoxError> {
         .route("/orders", post(create_order))
         .route_layer(orders)
         .with_state(pool);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
+    let addr = std::env::var("LISTEN").unwrap_or_else(|_| "127.0.0.1:3000".into());
+    let listener = tokio::net::TcpListener::bind(&addr)
+        .await
+        .map_err(|e| format!("cannot listen on {addr}: {e}; set LISTEN to a free address"))?;
+    print_what_to_try(&listener.local_addr()?.to_string(), nats.as_deref());
     axum::serve(listener, app).await?;
     Ok(())
+}
+
+fn print_what_to_try(addr: &str, nats: Option<&str>) {
+    let curl = format!(
+        "curl -i {addr}/orders -H 'idempotency-key: 8e03978e-40d5' \\\n       \
+         -H 'content-type: application/json'"
+    );
+    println!(
+        "idempotent orders endpoint on http://{addr}/orders (records in idempotency-example.db)"
+    );
+    println!("create an order (201):");
+    println!("  {curl} -d '{{\"amount\": 10}}'");
+    println!("the same call again: the same 201, `idempotent-replayed: true`, no second order");
+    println!("the same key with another amount (409 Conflict):");
+    println!("  {curl} -d '{{\"amount\": 11}}'");
+    match nats {
+        Some(url) => println!(
+            "consuming orders.created from {url}: publish {{\"event_id\": .., \"order_id\": ..}} \
+             twice and it ships once"
+        ),
+        None => println!("set NATS_URL=nats://127.0.0.1:4222 to also run the shipping consumer"),
+    }
 }
 
 /// Runs once per Idempotency-Key; the layer replays its response to every repeat.

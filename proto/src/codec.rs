@@ -5,7 +5,7 @@
 //!   the expected message, not tonic's `INTERNAL`. The build script makes every generated
 //!   client and server use it.
 //! * [`SizeGuard`] - wraps a generated server whose decoding limit is
-//!   [`MAX_REQUEST_BYTES`](crate::limits::MAX_REQUEST_BYTES): tonic refuses a larger message
+//!   [`MAX_REQUEST_BYTES`]: tonic refuses a larger message
 //!   from its length prefix, before buffering it, with `OUT_OF_RANGE`; the guard answers that
 //!   as `INVALID_ARGUMENT` naming the contract's limits instead.
 

@@ -1,4 +1,4 @@
-//! A test participant: a "bank" that keeps the [`ledger`](crate::ledger) through the barrier,
+//! A test participant: a "bank" that keeps the [`crate::ledger`] through the barrier,
 //! behind a fault-injecting gRPC wrapper.
 //!
 //! Handlers (payload `"<account>:<amount>"`):

@@ -1,7 +1,7 @@
 //! TCC and saga semantics on top of the store.
 //!
 //! The instance that receives Commit, Rollback or SubmitSaga records the decision (one durable
-//! write) and drives the work immediately ([`driver`]); recovery ([`recovery`]) only picks up
+//! write) and drives the work immediately (`driver`); recovery (`recovery`) only picks up
 //! what is due: undecided TCC transactions past their deadline, and transactions whose driver's
 //! lease expired (a crashed or partitioned coordinator) or whose slow retry is due.
 //!

@@ -3,7 +3,7 @@
 //! Every state change is one typed write ([`BeginTcc`], [`RegisterBranch`], [`Decide`],
 //! [`SubmitSaga`], [`Progress`]): a conditional statement set (expected status, fencing token)
 //! that either applies completely or answers, in its own outcome type, why not. Writes go through one
-//! group-commit path per pool ([`writer`]): concurrent writes of many transactions are applied
+//! group-commit path per pool (`writer`): concurrent writes of many transactions are applied
 //! in one database transaction and each caller is answered when that commit is durable. With a
 //! batch size of one this is plain per-call commits; raising it is configuration.
 
