@@ -1,5 +1,6 @@
-//! Generates the Rust code of `proto/dtx/v1/dtx.proto` with a vendored `protoc`, so a machine
-//! with only the Rust toolchain builds the workspace.
+//! Generates the Rust code of `proto/dtx/v1/dtx.proto` (messages, services, and their proto3
+//! JSON serde) with a vendored `protoc`, so a machine with only the Rust toolchain builds the
+//! workspace.
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let protoc = protoc_bin_vendored::protoc_bin_path()?;
     // SAFETY: build scripts are single-threaded; prost-build reads PROTOC from the environment.
@@ -13,6 +14,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .codec_path("crate::codec::WireCodec")
         .file_descriptor_set_path(out_dir.join("dtx_descriptor.bin"))
         .compile_protos(&["proto/dtx/v1/dtx.proto"], &["proto"])?;
+    // serde in the proto3 JSON mapping (camelCase names, enum names, base64 bytes) for the
+    // HTTP/JSON front end and HTTP participants: generated from the same descriptors, so the
+    // JSON and the gRPC messages cannot drift apart.
+    let descriptors = std::fs::read(out_dir.join("dtx_descriptor.bin"))?;
+    pbjson_build::Builder::new()
+        .register_descriptors(&descriptors)?
+        .btree_map(["."])
+        .out_dir(&out_dir)
+        .build(&[".dtx.v1"])?;
     println!("cargo:rerun-if-changed=proto/dtx/v1/dtx.proto");
     Ok(())
 }

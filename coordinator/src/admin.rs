@@ -27,6 +27,11 @@ pub struct AdminService {
 }
 
 impl AdminService {
+    /// The service itself, for the HTTP/JSON front end (which calls its methods directly).
+    pub fn plain(engine: Engine) -> Self {
+        AdminService { engine }
+    }
+
     pub fn new(engine: Engine) -> SizeGuard<AdminServer<Self>> {
         SizeGuard::new(
             AdminServer::new(AdminService { engine })

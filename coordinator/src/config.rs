@@ -57,6 +57,11 @@ pub struct Config {
     #[arg(long, env = "DTX_DB_CONNECTIONS", default_value_t = StoreOptions::default().max_connections)]
     pub db_connections: u32,
 
+    /// Serve the Coordinator and Admin RPCs as JSON over HTTP on this address (e.g.
+    /// 127.0.0.1:8080): `POST /dtx.v1.Coordinator/Begin` and so on. Off by default.
+    #[arg(long, env = "DTX_HTTP_LISTEN")]
+    pub http_listen: Option<SocketAddr>,
+
     /// Serve Prometheus metrics over HTTP on this address (e.g. 127.0.0.1:9070).
     #[arg(long, env = "DTX_METRICS_LISTEN")]
     pub metrics_listen: Option<SocketAddr>,

@@ -20,6 +20,11 @@ pub struct CoordinatorService {
 }
 
 impl CoordinatorService {
+    /// The service itself, for the HTTP/JSON front end (which calls its methods directly).
+    pub fn plain(engine: Engine) -> Self {
+        CoordinatorService { engine }
+    }
+
     pub fn new(engine: Engine) -> SizeGuard<CoordinatorServer<Self>> {
         // The decoding limit comes from the contract: every request within the limits (and
         // one somewhat over a field limit, which then gets that field's message) decodes; a

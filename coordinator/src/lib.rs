@@ -3,6 +3,7 @@
 //! Layers, each only using the ones below it:
 //! * [`grpc`] - the `dtx.v1.Coordinator` service: converts requests, calls the engine, maps
 //!   errors to gRPC codes in one place;
+//! * [`http_api`] - the same services as JSON over HTTP, calling the gRPC implementations;
 //! * [`engine`] - TCC and saga semantics, the driver that carries decided work to a terminal
 //!   state, recovery of due work;
 //! * [`store`] - durable state behind a small trait, group-committed writes, one SQL module
@@ -16,6 +17,7 @@ pub mod domain;
 pub mod engine;
 pub mod error;
 pub mod grpc;
+pub mod http_api;
 pub mod server;
 pub mod startup;
 pub mod store;

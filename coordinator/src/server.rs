@@ -61,6 +61,12 @@ pub async fn run(
         tokio::spawn(serve_metrics(metrics_listener, engine.clone()));
     }
 
+    if let Some(addr) = config.http_listen {
+        let http = startup::bind(addr, "--http-listen").await?;
+        tracing::info!(addr = %http.local_addr()?, "HTTP/JSON interface serving");
+        tokio::spawn(crate::http_api::serve(http, engine.clone()));
+    }
+
     if let Some(addr) = config.admin_listen {
         let console = startup::bind(addr, "--admin-listen").await?;
         tracing::info!(addr = %console.local_addr()?, "web console serving");

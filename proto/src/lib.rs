@@ -6,12 +6,15 @@
 //!   effect"), one table for the coordinator and the SDK.
 //! * [`limits`] - the input limits the contract documents, as code, so the coordinator, the
 //!   participant server and the client SDK reject the same inputs with the same messages.
+//! * [`http`] - the contract over HTTP/JSON: gRPC codes as HTTP statuses, problem bodies
+//!   (the messages' proto3 JSON serde is generated into [`v1`]).
 //! * [`codec`] - the codec of the generated code and the size guard of the servers, so
 //!   malformed and oversized requests are INVALID_ARGUMENT with a message saying why.
 
 pub mod answer;
 pub mod codec;
 pub mod duration;
+pub mod http;
 pub mod limits;
 pub mod present;
 pub mod trace;
@@ -20,6 +23,8 @@ pub mod trace;
 pub mod v1 {
     #![allow(clippy::all, missing_docs)]
     tonic::include_proto!("dtx.v1");
+    // serde of every message and enum in the proto3 JSON mapping.
+    include!(concat!(env!("OUT_DIR"), "/dtx.v1.serde.rs"));
 
     /// Encoded `FileDescriptorSet` of the contract, for gRPC server reflection.
     pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("dtx_descriptor");

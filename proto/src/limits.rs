@@ -171,6 +171,24 @@ pub fn check_target(field: &str, target: &str) -> Result<(), LimitError> {
     }
 }
 
+/// How the coordinator calls a participant target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    /// `http(s)://host:port`: the `dtx.v1.Participant` gRPC service.
+    Grpc,
+    /// `http(s)://host:port/path`: a JSON POST of the `BranchRequest` to that path, answered
+    /// with a `BranchResponse` in JSON (for services without gRPC).
+    HttpJson,
+}
+
+/// The transport of a target that passed [`check_target`]: a path selects HTTP/JSON.
+pub fn transport_of(target: &str) -> Transport {
+    match target.parse::<http::Uri>() {
+        Ok(uri) if !matches!(uri.path(), "" | "/") => Transport::HttpJson,
+        _ => Transport::Grpc,
+    }
+}
+
 /// A payload or result: at most 64 KiB.
 pub fn check_payload(field: &str, payload: &[u8]) -> Result<(), LimitError> {
     if payload.len() > MAX_PAYLOAD_BYTES {
@@ -261,6 +279,16 @@ mod tests {
         );
         assert!(check_branch_id("branch_id", &"b".repeat(65)).is_err());
         assert!(check_handler("handler", "svc/transfer").is_ok());
+    }
+
+    #[test]
+    fn a_path_makes_a_target_http_json() {
+        assert_eq!(transport_of("http://127.0.0.1:5000"), Transport::Grpc);
+        assert_eq!(transport_of("https://svc.local/"), Transport::Grpc);
+        assert_eq!(
+            transport_of("http://127.0.0.1:5000/dtx/branch"),
+            Transport::HttpJson
+        );
     }
 
     #[test]

@@ -172,3 +172,56 @@ pub async fn free_addr() -> std::net::SocketAddr {
         .expect("bind");
     listener.local_addr().unwrap()
 }
+
+/// A `dtx.v1.Participant` served the way a service without gRPC would: `POST /dtx/branch`
+/// with the `BranchRequest` in proto3 JSON, answered with the `BranchResponse` in JSON, or a
+/// problem body carrying the gRPC code of an error. HTTP headers become the call's metadata
+/// (`traceparent`). Answers the participant's URL; serves until the test ends.
+pub async fn serve_http_json<P>(participant: P) -> String
+where
+    P: dtx_proto::v1::participant_server::Participant,
+{
+    use axum::http::{HeaderMap, StatusCode, header};
+    use axum::response::IntoResponse;
+    use dtx_proto::http::{PROBLEM_JSON, Problem};
+    let participant = Arc::new(participant);
+    let app = axum::Router::new().route(
+        "/dtx/branch",
+        axum::routing::post(move |headers: HeaderMap, body: axum::body::Bytes| {
+            let participant = participant.clone();
+            async move {
+                let answer = match serde_json::from_slice(&body) {
+                    Ok(request) => {
+                        let request = tonic::Request::from_parts(
+                            tonic::metadata::MetadataMap::from_headers(headers),
+                            tonic::Extensions::default(),
+                            request,
+                        );
+                        participant.branch(request).await
+                    }
+                    Err(e) => Err(tonic::Status::invalid_argument(format!("not JSON: {e}"))),
+                };
+                match answer {
+                    Ok(response) => (
+                        [(header::CONTENT_TYPE, "application/json")],
+                        serde_json::to_vec(response.get_ref()).unwrap(),
+                    )
+                        .into_response(),
+                    Err(status) => {
+                        let problem = Problem::of_status(&status);
+                        (
+                            StatusCode::from_u16(problem.status).unwrap(),
+                            [(header::CONTENT_TYPE, PROBLEM_JSON)],
+                            serde_json::to_vec(&problem).unwrap(),
+                        )
+                            .into_response()
+                    }
+                }
+            }
+        }),
+    );
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind port 0");
+    let url = format!("http://{}/dtx/branch", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    url
+}

@@ -34,13 +34,8 @@ pub async fn serve(listener: TcpListener, engine: Engine) {
 
 /// An Admin error as a page with the HTTP status of its gRPC code.
 fn failed(status: tonic::Status) -> Response {
-    let code = match status.code() {
-        tonic::Code::NotFound => StatusCode::NOT_FOUND,
-        tonic::Code::InvalidArgument => StatusCode::BAD_REQUEST,
-        tonic::Code::FailedPrecondition => StatusCode::CONFLICT,
-        tonic::Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
-        _ => StatusCode::INTERNAL_SERVER_ERROR,
-    };
+    let code = StatusCode::from_u16(dtx_proto::http::http_status(status.code()))
+        .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     (code, Html(html::error(status.message()))).into_response()
 }
 

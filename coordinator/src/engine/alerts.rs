@@ -11,11 +11,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use futures::future::join_all;
-use http_body_util::Full;
-use hyper_util::rt::TokioExecutor;
 use sha2::{Digest, Sha256};
 
 use super::Engine;
+use super::http_client::{Client, client, post_json};
 use crate::domain::alert::{About, Alert, AlertKind, AlertRules, redelivery_ms, signature};
 use crate::store::{Delivery, Outgoing};
 
@@ -103,51 +102,6 @@ pub(super) async fn run(engine: Engine, config: AlertConfig) {
     }
 }
 
-type Client = hyper_util::client::legacy::Client<
-    hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>,
-    Full<Bytes>,
->;
-
-/// The webhook client (http and https): rustls with the ring provider, the system's roots.
-fn client() -> std::io::Result<Client> {
-    // Installing fails only when a provider is already installed: either one serves.
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let https = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_native_roots()?
-        .https_or_http()
-        .enable_http1()
-        .build();
-    Ok(hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build(https))
-}
-
-/// POSTs `body` to `url` with `headers`; `Ok` with the answer's status, or why there is none.
-async fn post(
-    client: &Client,
-    url: &str,
-    headers: &[(&str, String)],
-    body: &str,
-    timeout: Duration,
-) -> Result<http::StatusCode, String> {
-    let mut request = http::Request::post(url)
-        .header("content-type", "application/json")
-        .header(
-            "user-agent",
-            concat!("dtx-coordinator/", env!("CARGO_PKG_VERSION")),
-        );
-    for (name, value) in headers {
-        request = request.header(*name, value.as_str());
-    }
-    let request = request
-        .body(Full::new(Bytes::from(body.to_string())))
-        // Without the error's text: it would repeat the URL, which often carries a token.
-        .map_err(|_| "not a valid http(s) URL".to_string())?;
-    match tokio::time::timeout(timeout, client.request(request)).await {
-        Err(_) => Err(format!("no answer within {} ms", timeout.as_millis())),
-        Ok(Err(e)) => Err(e.to_string()),
-        Ok(Ok(answer)) => Ok(answer.status()),
-    }
-}
-
 /// Stores a stuck alert for every transaction open longer than the bound that has none.
 async fn raise_stuck(engine: &Engine, config: &AlertConfig) -> crate::error::Result<()> {
     let inner = &engine.inner;
@@ -204,9 +158,10 @@ async fn send(engine: &Engine, client: &Client, config: &AlertConfig, alert: Out
             let signed = signature(secret.as_bytes(), unix_s, &alert.body);
             headers.push(("dtx-signature", signed));
         }
-        let error = match post(client, url, &headers, &alert.body, config.timeout).await {
-            Ok(status) if status.is_success() => None,
-            Ok(status) => Some(format!("{}: HTTP {status}", redact(url))),
+        let body = Bytes::from(alert.body.clone());
+        let error = match post_json(client, url, &headers, body, config.timeout).await {
+            Ok((status, _)) if status.is_success() => None,
+            Ok((status, _)) => Some(format!("{}: HTTP {status}", redact(url))),
             Err(e) => Some(format!("{}: {e}", redact(url))),
         };
         metrics.alert_delivery(error.is_none());

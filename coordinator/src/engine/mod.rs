@@ -10,6 +10,7 @@
 
 mod alerts;
 mod driver;
+mod http_client;
 mod jobs;
 mod metrics;
 mod operator;

@@ -1,15 +1,18 @@
 //! Calls to participant services, reduced to what the engine needs to know.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::RwLock;
+use std::sync::{OnceLock, RwLock};
 use std::time::Duration;
 
 use dtx_proto::answer::Answer;
+use dtx_proto::http::Problem;
+use dtx_proto::limits::{Transport, transport_of};
 use dtx_proto::trace::TraceParent;
 use dtx_proto::v1::participant_client::ParticipantClient;
-use dtx_proto::v1::{BranchAction, BranchRequest};
+use dtx_proto::v1::{BranchAction, BranchRequest, BranchResponse};
 use tonic::transport::{Channel, Endpoint};
 
+use super::http_client::{self, Client};
 use crate::domain::job::CallOutcome;
 
 /// One branch call.
@@ -25,11 +28,13 @@ pub struct Call {
     pub timeout: Duration,
 }
 
-/// Connections to participants, one lazily connected HTTP/2 channel per target (channels
-/// multiplex concurrent calls, so one per target is enough).
+/// Connections to participants: one lazily connected HTTP/2 channel per gRPC target
+/// (channels multiplex concurrent calls, so one per target is enough), and one pooled HTTP/1.1
+/// client for every HTTP/JSON target.
 #[derive(Default)]
 pub struct Participants {
     clients: RwLock<HashMap<String, ParticipantClient<Channel>>>,
+    http: OnceLock<Result<Client, String>>,
 }
 
 impl Participants {
@@ -53,10 +58,6 @@ impl Participants {
 
     /// Makes one call, bounded by its timeout.
     pub async fn call(&self, call: Call) -> CallOutcome {
-        let mut client = match self.client(&call.target) {
-            Ok(client) => client,
-            Err(e) => return CallOutcome::NotSent(e),
-        };
         // Each attempt is a span of the transaction's trace: the participant sees the trace id.
         let span = tracing::info_span!(
             "branch attempt",
@@ -66,33 +67,92 @@ impl Participants {
             action = call.action.as_str_name(),
             handler = %call.handler,
         );
-        let mut request = tonic::Request::new(BranchRequest {
+        let (target, timeout) = (call.target, call.timeout);
+        let request = BranchRequest {
             xid: call.xid,
             branch_id: call.branch_id,
             action: call.action as i32,
             handler: call.handler,
             payload: call.payload,
             headers: call.headers,
-        });
-        request.set_timeout(call.timeout);
-        let trace =
-            TraceParent::of_headers(&request.get_ref().headers).map(|t| attempt_span(&span, t));
+        };
+        let trace = TraceParent::of_headers(&request.headers).map(|t| attempt_span(&span, t));
+        let answer = async {
+            match transport_of(&target) {
+                Transport::Grpc => self.call_grpc(&target, request, trace, timeout).await,
+                Transport::HttpJson => self.call_http(&target, request, trace, timeout).await,
+            }
+        };
+        match tracing::Instrument::instrument(answer, span).await {
+            Err(not_sent) => CallOutcome::NotSent(not_sent),
+            Ok(Answer::Success(result)) => CallOutcome::Success(result),
+            Ok(Answer::Refused(reason)) => CallOutcome::Failure(reason),
+            Ok(Answer::Unknown(seen)) => CallOutcome::Unknown(seen),
+        }
+    }
+
+    /// The `dtx.v1.Participant/Branch` call; `Err` when it could not be sent.
+    async fn call_grpc(
+        &self,
+        target: &str,
+        request: BranchRequest,
+        trace: Option<TraceParent>,
+        timeout: Duration,
+    ) -> Result<Answer, String> {
+        let mut client = self.client(target)?;
+        let mut request = tonic::Request::new(request);
+        request.set_timeout(timeout);
         if let Some(trace) = trace {
             trace.insert_into(request.metadata_mut());
         }
         // The grpc-timeout header asks the server to give up; this bounds our own wait too,
         // including connection setup.
-        let answer = tokio::time::timeout(call.timeout, client.branch(request));
-        match tracing::Instrument::instrument(answer, span).await {
-            Err(_) => {
-                CallOutcome::Unknown(format!("no answer within {} ms", call.timeout.as_millis()))
-            }
-            Ok(result) => match Answer::of_result(result) {
-                Answer::Success(result) => CallOutcome::Success(result),
-                Answer::Refused(reason) => CallOutcome::Failure(reason),
-                Answer::Unknown(seen) => CallOutcome::Unknown(seen),
+        Ok(
+            match tokio::time::timeout(timeout, client.branch(request)).await {
+                Err(_) => Answer::Unknown(format!("no answer within {} ms", timeout.as_millis())),
+                Ok(result) => Answer::of_result(result),
             },
+        )
+    }
+
+    /// A JSON POST of the request to an HTTP participant. Its answer means what the same
+    /// answer over gRPC would: a `BranchResponse` in JSON with status 200, or a problem body
+    /// whose `code` names the gRPC code; anything else is an unknown outcome.
+    async fn call_http(
+        &self,
+        target: &str,
+        request: BranchRequest,
+        trace: Option<TraceParent>,
+        timeout: Duration,
+    ) -> Result<Answer, String> {
+        let client = self
+            .http
+            .get_or_init(|| {
+                http_client::client().map_err(|e| format!("no HTTP client for participants: {e}"))
+            })
+            .as_ref()
+            .map_err(Clone::clone)?;
+        let body = serde_json::to_vec(&request).map_err(|e| format!("encoding the call: {e}"))?;
+        let mut headers = vec![("accept", "application/json".to_string())];
+        if let Some(trace) = trace {
+            headers.push(("traceparent", trace.to_string()));
         }
+        let (status, body) =
+            match http_client::post_json(client, target, &headers, body.into(), timeout).await {
+                Ok(answer) => answer,
+                Err(e) => return Ok(Answer::Unknown(e)),
+            };
+        Ok(if status == http::StatusCode::OK {
+            match serde_json::from_slice::<BranchResponse>(&body) {
+                Ok(response) => Answer::of_response(response),
+                Err(e) => Answer::Unknown(format!("HTTP 200 without a BranchResponse: {e}")),
+            }
+        } else {
+            match serde_json::from_slice::<Problem>(&body) {
+                Ok(problem) => Answer::of_status(&problem.to_status()),
+                Err(_) => Answer::Unknown(format!("HTTP {status}")),
+            }
+        })
     }
 }
 
