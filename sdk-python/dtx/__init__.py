@@ -1,0 +1,34 @@
+"""dtx for Python: the branch barrier, a participant server and an initiator client.
+
+The same barrier table, rules and wire contract as the Rust SDK (``dtx-sdk``), so a Python
+service takes part in the same TCC transactions and sagas as Rust ones.
+"""
+
+from .barrier import Action, Answer, BarrierError, BranchKey, Detail, Reply, call, request_hash
+from .client import BranchInDoubt, BranchRefused, Coordinator, CoordinatorError, DtxError
+from .db import Database, Postgres, Sqlite
+from .limits import LimitError
+from .server import BranchCall, ParticipantServer, Rejected
+
+__all__ = [
+    "Action",
+    "Answer",
+    "BarrierError",
+    "BranchCall",
+    "BranchInDoubt",
+    "BranchKey",
+    "BranchRefused",
+    "Coordinator",
+    "CoordinatorError",
+    "Database",
+    "Detail",
+    "DtxError",
+    "LimitError",
+    "ParticipantServer",
+    "Postgres",
+    "Rejected",
+    "Reply",
+    "Sqlite",
+    "call",
+    "request_hash",
+]

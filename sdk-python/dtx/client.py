@@ -1,0 +1,262 @@
+"""The initiator client: TCC transactions and sagas through a dtx coordinator.
+
+TCC, as the Rust SDK's ``Coordinator::tcc``::
+
+    coordinator = Coordinator("http://127.0.0.1:50070")
+    with coordinator.tcc(timeout_s=30) as tx:          # commits when the block ends,
+        tx.call("http://inventory:50051", "reserve", b"sku-1")   # rolls back if it raises
+        tx.call("http://payments:50052", "charge", b"42")
+
+Each ``call`` registers the branch durably *before* sending its Try (so a rollback Cancels it
+even if the Try never arrives) and then sends the Try itself. Only an explicit FAILURE proves
+the Try had no effect (:class:`BranchRefused`); a status or RETRY is retried, a timeout is left
+in doubt (:class:`BranchInDoubt`) for the rollback's Cancel and the barrier to settle.
+
+Sagas::
+
+    outcome = (coordinator.saga(xid="order-7")
+               .step("reserve", "http://inventory:50051", "stock", b"sku-1")
+               .step("charge", "http://payments:50052", "card", b"42")
+               .run(timeout_s=30))
+"""
+
+import os
+import time
+
+import grpc
+
+from .v1 import dtx_pb2 as wire
+from .v1 import dtx_pb2_grpc
+
+TRACEPARENT = "traceparent"
+
+
+class DtxError(Exception):
+    """A coordinator or branch call failed."""
+
+
+class BranchRefused(DtxError):
+    """The Try answered FAILURE: it had no effect; the transaction rolls back."""
+
+
+class BranchInDoubt(DtxError):
+    """The Try's outcome is unknown; the transaction rolls back and the Cancel settles it."""
+
+
+class CoordinatorError(DtxError):
+    """A coordinator RPC answered a gRPC error (``code``: its ``grpc.StatusCode``)."""
+
+    def __init__(self, code, message):
+        super().__init__(f"{code.name}: {message}")
+        self.code = code
+
+
+def _address(target):
+    """``host:port`` of a gRPC target given as ``http://host:port`` or ``host:port``."""
+    for scheme in ("http://", "https://"):
+        if target.startswith(scheme):
+            target = target[len(scheme) :]
+    if "/" in target.rstrip("/"):
+        raise ValueError(
+            f"target {target!r} has a path: that is an HTTP/JSON participant, which this client "
+            "does not call directly; register it for a saga instead"
+        )
+    return target.rstrip("/")
+
+
+def new_traceparent():
+    """A fresh W3C ``traceparent`` (sampled)."""
+    return f"00-{os.urandom(16).hex()}-{os.urandom(8).hex()}-01"
+
+
+def _child(traceparent):
+    version, trace_id, _parent, flags = traceparent.split("-")
+    return f"{version}-{trace_id}-{os.urandom(8).hex()}-{flags}"
+
+
+class Coordinator:
+    """A client of the coordinator's gRPC API."""
+
+    def __init__(self, target, channel=None):
+        self.channel = channel or grpc.insecure_channel(_address(target))
+        self.stub = dtx_pb2_grpc.CoordinatorStub(self.channel)
+        self._participants = {}
+
+    def close(self):
+        self.channel.close()
+        for channel, _ in self._participants.values():
+            channel.close()
+
+    def _rpc(self, method, request, traceparent=None, timeout_s=30.0):
+        metadata = [(TRACEPARENT, traceparent)] if traceparent else None
+        try:
+            return getattr(self.stub, method)(request, timeout=timeout_s, metadata=metadata)
+        except grpc.RpcError as e:
+            raise CoordinatorError(e.code(), e.details()) from None
+
+    def participant(self, target):
+        address = _address(target)
+        if address not in self._participants:
+            channel = grpc.insecure_channel(address)
+            self._participants[address] = (channel, dtx_pb2_grpc.ParticipantStub(channel))
+        return self._participants[address][1]
+
+    def tcc(self, xid="", timeout_s=60.0, call_timeout_s=10.0, try_retries=3, wait=True):
+        """A TCC transaction; use it as a context manager (commit on success, rollback on an
+        exception) or call ``commit`` / ``rollback`` yourself."""
+        return TccTransaction(self, xid or f"py-{os.urandom(12).hex()}", timeout_s,
+                              call_timeout_s, try_retries, wait)
+
+    def saga(self, xid="", timeout_s=60.0):
+        return SagaBuilder(self, xid, timeout_s)
+
+    def get(self, xid):
+        return self._rpc("Get", wire.GetRequest(xid=xid))
+
+    def wait(self, xid, timeout_s=30.0):
+        request = wire.WaitRequest(xid=xid, timeout_ms=int(timeout_s * 1000))
+        return self._rpc("Wait", request, timeout_s=timeout_s + 5)
+
+    def resume(self, xid):
+        return self._rpc("Resume", wire.ResumeRequest(xid=xid))
+
+
+class TccTransaction:
+    def __init__(self, coordinator, xid, timeout_s, call_timeout_s, try_retries, wait):
+        self.coordinator = coordinator
+        self.xid = xid
+        self.timeout_s = timeout_s
+        self.call_timeout_s = call_timeout_s
+        self.try_retries = try_retries
+        self.wait = wait
+        self.traceparent = new_traceparent()
+        self._branches = 0
+        self._begun = False
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, error, traceback):
+        if kind is None:
+            self.commit()
+        else:
+            self.rollback()
+        return False
+
+    def call(self, target, handler, payload=b"", branch_id=None, headers=None):
+        """Registers the branch, then sends its Try; returns the Try's result."""
+        self._branches += 1
+        branch_id = branch_id or f"b{self._branches}"
+        headers = dict(headers or {})
+        headers.setdefault(TRACEPARENT, self.traceparent)
+        self.coordinator._rpc(
+            "RegisterBranch",
+            wire.RegisterBranchRequest(
+                xid=self.xid,
+                branch_id=branch_id,
+                target=target,
+                handler=handler,
+                payload=payload,
+                headers=headers,
+                call_timeout_ms=int(self.call_timeout_s * 1000),
+                begin_timeout_ms=0 if self._begun else max(1, int(self.timeout_s * 1000)),
+            ),
+            self.traceparent,
+        )
+        self._begun = True
+        request = wire.BranchRequest(
+            xid=self.xid,
+            branch_id=branch_id,
+            action=wire.BRANCH_ACTION_TRY,
+            handler=handler,
+            payload=payload,
+            headers=headers,
+        )
+        participant = self.coordinator.participant(target)
+        last = ""
+        for attempt in range(self.try_retries + 1):
+            if attempt:
+                time.sleep(0.05 * (1 << min(attempt, 6)))
+            try:
+                response = participant.Branch(
+                    request,
+                    timeout=self.call_timeout_s,
+                    metadata=[(TRACEPARENT, _child(self.traceparent))],
+                )
+            except grpc.RpcError as e:
+                if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                    # It may still commit; a retry would race it. The Cancel settles it.
+                    raise BranchInDoubt(
+                        f"{self.xid}/{branch_id}: no answer within {self.call_timeout_s} s"
+                    ) from None
+                # A status proves nothing about the effect (it may come from a proxy).
+                last = f"{e.code().name} (a status proves nothing about the effect): {e.details()}"
+                continue
+            if response.outcome == wire.OUTCOME_SUCCESS:
+                return bytes(response.result)
+            if response.outcome == wire.OUTCOME_FAILURE:
+                raise BranchRefused(
+                    f"{self.xid}/{branch_id}: "
+                    f"{response.message or response.result.decode('utf-8', 'replace')}"
+                )
+            last = f"RETRY: {response.message}"
+        raise BranchInDoubt(f"{self.xid}/{branch_id}: {last}")
+
+    def _decide(self, method):
+        if not self._begun:
+            # Nothing registered: the coordinator has no such transaction to decide.
+            return wire.TX_STATUS_ROLLED_BACK if method == "Rollback" else wire.TX_STATUS_COMMITTED
+        request = wire.DecideRequest(
+            xid=self.xid, wait=self.wait, wait_timeout_ms=int(self.timeout_s * 1000)
+        )
+        response = self.coordinator._rpc(method, request, self.traceparent, self.timeout_s + 5)
+        return response.status
+
+    def commit(self):
+        """Decides Commit (durable when it returns); with ``wait``, after every Confirm."""
+        return self._decide("Commit")
+
+    def rollback(self):
+        return self._decide("Rollback")
+
+
+class SagaBuilder:
+    def __init__(self, coordinator, xid, timeout_s):
+        self.coordinator = coordinator
+        self.request = wire.SubmitSagaRequest(xid=xid, timeout_ms=int(timeout_s * 1000))
+        self.traceparent = new_traceparent()
+        self.request.headers[TRACEPARENT] = self.traceparent
+
+    def step(self, name, target, handler, payload=b"", compensate_payload=b"", after=()):
+        self.request.steps.add(
+            name=name,
+            target=target,
+            handler=handler,
+            action_payload=payload,
+            compensate_payload=compensate_payload,
+            depends_on=list(after),
+        )
+        return self
+
+    def retry(self, max_attempts=0, initial_backoff_ms=0, max_backoff_ms=0, call_timeout_ms=0):
+        self.request.retry.CopyFrom(
+            wire.RetryPolicy(
+                max_attempts=max_attempts,
+                initial_backoff_ms=initial_backoff_ms,
+                max_backoff_ms=max_backoff_ms,
+                call_timeout_ms=call_timeout_ms,
+            )
+        )
+        return self
+
+    def submit(self):
+        """Submits the saga (durable when it returns); returns its ``SubmitSagaResponse``."""
+        return self.coordinator._rpc("SubmitSaga", self.request, self.traceparent)
+
+    def run(self, timeout_s=30.0):
+        """Submits and waits until the saga settles; returns the ``Transaction``."""
+        self.request.wait_timeout_ms = int(timeout_s * 1000)
+        response = self.coordinator._rpc(
+            "SubmitSaga", self.request, self.traceparent, timeout_s + 5
+        )
+        return response.transaction

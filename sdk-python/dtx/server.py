@@ -1,0 +1,195 @@
+"""The participant server helper: a ``dtx.v1.Participant`` gRPC service from named handlers.
+
+For every call it opens a local transaction on the service's database, runs the handler through
+the :mod:`dtx.barrier`, commits, and maps the answer to the wire, exactly as the Rust SDK's
+``ParticipantServer``:
+
+==========================================  =====================================
+what happened                               wire answer
+==========================================  =====================================
+handler replied success / refusal           SUCCESS / FAILURE (EXECUTED)
+repeat                                      stored first answer (DUPLICATE)
+cancel/compensate first                     SUCCESS (EMPTY_ROLLBACK)
+try/action after its cancel/compensate      FAILURE (SUSPENDED)
+cancel after confirm, confirm after cancel  FAILURE (CONFLICT)
+try/action repeated with another request    FAILURE (CONFLICT)
+handler raised, database error              RETRY (rolled back; safe to retry)
+unknown action kind, limits exceeded        gRPC INVALID_ARGUMENT
+unknown handler                             gRPC NOT_FOUND
+action kind the handler does not have       gRPC FAILED_PRECONDITION
+==========================================  =====================================
+
+A handler is ``handler(conn, call) -> Reply``: ``conn`` is the driver's connection inside the
+open transaction (write the business change on it), ``call`` a :class:`BranchCall`.
+"""
+
+import logging
+import time
+from concurrent import futures
+from dataclasses import dataclass, field
+
+import grpc
+
+from . import barrier, limits
+from .barrier import Action, BranchKey
+from .v1 import dtx_pb2 as wire
+from .v1 import dtx_pb2_grpc
+
+log = logging.getLogger("dtx.server")
+
+TRACEPARENT = "traceparent"
+
+_WIRE_ACTIONS = {
+    wire.BRANCH_ACTION_TRY: Action.TRY,
+    wire.BRANCH_ACTION_CONFIRM: Action.CONFIRM,
+    wire.BRANCH_ACTION_CANCEL: Action.CANCEL,
+    wire.BRANCH_ACTION_ACTION: Action.ACTION,
+    wire.BRANCH_ACTION_COMPENSATE: Action.COMPENSATE,
+}
+
+#: The largest request the Rust servers decode (``dtx_proto::limits::MAX_REQUEST_BYTES``).
+MAX_REQUEST_BYTES = 64 * (64 + 512 + 128 + 2 * 65536 + 64 * 64 + 32 * (64 + 1024)) + (
+    32 * (64 + 1024) + 128 + (1 << 20)
+)
+
+
+@dataclass
+class BranchCall:
+    """One branch call as a handler sees it."""
+
+    xid: str
+    branch_id: str
+    handler: str
+    action: Action
+    payload: bytes
+    headers: dict = field(default_factory=dict)
+
+    @property
+    def traceparent(self):
+        """The W3C trace context of this call: its trace id is the transaction's."""
+        return self.headers.get(TRACEPARENT)
+
+
+class Rejected(Exception):
+    """A call refused before anything ran: a gRPC status code and its message."""
+
+    def __init__(self, code, message):
+        super().__init__(message)
+        self.code = code
+
+
+class ParticipantServer(dtx_pb2_grpc.ParticipantServicer):
+    """Named TCC trios and saga pairs over one :class:`dtx.db.Database`."""
+
+    def __init__(self, database, conflict_retries=5):
+        self.database = database
+        self.conflict_retries = conflict_retries
+        self._handlers = {}
+
+    def tcc(self, name, try_, confirm, cancel):
+        """Registers a TCC resource: ``name``'s try, confirm and cancel handlers."""
+        self._handlers[name] = {Action.TRY: try_, Action.CONFIRM: confirm, Action.CANCEL: cancel}
+        return self
+
+    def saga(self, name, action, compensate):
+        """Registers a saga step: ``name``'s action and compensation handlers."""
+        self._handlers[name] = {Action.ACTION: action, Action.COMPENSATE: compensate}
+        return self
+
+    # -- gRPC ------------------------------------------------------------------------------
+
+    def Branch(self, request, context):  # noqa: N802 (the generated servicer's name)
+        headers = dict(request.headers)
+        trace = dict(context.invocation_metadata()).get(TRACEPARENT)
+        if trace and (len(headers) < limits.MAX_HEADERS or TRACEPARENT in headers):
+            headers[TRACEPARENT] = trace
+        try:
+            return self.handle(request, headers)
+        except Rejected as e:
+            context.abort(e.code, str(e))
+
+    def serve(self, address="127.0.0.1:0", max_workers=16):
+        """Starts a gRPC server with this service; returns ``(server, port)``."""
+        server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=max_workers),
+            options=[("grpc.max_receive_message_length", MAX_REQUEST_BYTES)],
+        )
+        dtx_pb2_grpc.add_ParticipantServicer_to_server(self, server)
+        port = server.add_insecure_port(address)
+        if port == 0:
+            raise OSError(f"could not listen on {address}")
+        server.start()
+        return server, port
+
+    # -- without gRPC ----------------------------------------------------------------------
+
+    def handle(self, request, headers=None):
+        """Answers one ``BranchRequest`` (what :meth:`Branch` does after decoding)."""
+        action = _WIRE_ACTIONS.get(request.action)
+        if action is None:
+            raise Rejected(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"action {request.action} is not one of TRY, CONFIRM, CANCEL, ACTION, COMPENSATE",
+            )
+        headers = dict(request.headers) if headers is None else headers
+        try:
+            limits.check_xid(request.xid)
+            limits.check_branch_id("branch_id", request.branch_id)
+            limits.check_handler("handler", request.handler)
+            limits.check_payload("payload", request.payload)
+            limits.check_headers("headers", dict(request.headers))
+        except limits.LimitError as e:
+            raise Rejected(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
+        handlers = self._handlers.get(request.handler)
+        if handlers is None:
+            raise Rejected(grpc.StatusCode.NOT_FOUND, f"no handler named {request.handler!r}")
+        handler = handlers.get(action)
+        if handler is None:
+            raise Rejected(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"handler {request.handler!r} has no {action.value} (TCC handlers take "
+                "try/confirm/cancel, saga handlers action/compensate)",
+            )
+        call = BranchCall(
+            request.xid, request.branch_id, request.handler, action, bytes(request.payload), headers
+        )
+        return self._run_with_retries(handler, call)
+
+    def _run_with_retries(self, handler, call):
+        # The handler name is part of the request: the same ids sent to another handler are a
+        # different call. Headers are not (trace ids differ per attempt).
+        key = BranchKey(
+            call.xid,
+            call.branch_id,
+            call.action,
+            barrier.request_hash(call.handler.encode(), call.payload),
+        )
+        attempt = 0
+        while True:
+            try:
+                with self.database.transaction() as tx:
+                    answer = barrier.call(tx, key, lambda conn: handler(conn, call))
+                return _to_wire(answer)
+            except Exception as e:
+                if self.database.is_lock_conflict(e) and attempt < self.conflict_retries:
+                    attempt += 1
+                    time.sleep(0.005 * attempt)
+                    continue
+                log.warning(
+                    "branch %s/%s %s rolled back; answering RETRY: %s",
+                    call.xid,
+                    call.branch_id,
+                    call.action.value,
+                    e,
+                )
+                return wire.BranchResponse(outcome=wire.OUTCOME_RETRY, message=str(e))
+
+
+def _to_wire(answer):
+    reply = answer.reply
+    return wire.BranchResponse(
+        outcome=wire.OUTCOME_SUCCESS if reply.success else wire.OUTCOME_FAILURE,
+        result=reply.result,
+        message="" if reply.success else reply.result.decode("utf-8", "replace"),
+        detail=answer.detail.value,
+    )
