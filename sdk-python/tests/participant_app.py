@@ -1,0 +1,32 @@
+"""A Python participant as its own process, for the cross-language tests the Rust suite runs
+(tests/tests/cross_language.rs): ``python participant_app.py SQLITE_FILE``.
+
+It migrates the barrier on the file, serves the saga steps ``ship`` (writes a ledger row,
+succeeds; its compensation writes one too) and ``fail`` (refuses, its write undone) on a free
+port, prints ``listening on PORT`` and serves until stdin closes (so it dies with its parent)."""
+
+import sys
+
+from conftest import LEDGER, recording, refusing
+
+import dtx
+
+
+def main(path):
+    db = dtx.Sqlite(path)
+    db.migrate()
+    with db.transaction() as tx:
+        tx.execute(LEDGER["sqlite"].replace("CREATE TABLE", "CREATE TABLE IF NOT EXISTS"))
+    service = (
+        dtx.ParticipantServer(db)
+        .saga("ship", recording(db, "action"), recording(db, "compensate"))
+        .saga("fail", refusing(db, "action"), recording(db, "compensate"))
+    )
+    server, port = service.serve()
+    print(f"listening on {port}", flush=True)
+    sys.stdin.read()
+    server.stop(grace=1).wait()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,98 @@
+//! The Python SDK (`sdk-python/`) from the Rust tests: an interpreter that has the package,
+//! and a Python participant process.
+//!
+//! The interpreter is `DTX_PYTHON` if set (`.ci/run` sets it), else `target/py-venv`, created
+//! with `python3 -m venv` and `pip install -e sdk-python[test]` the first time. When neither
+//! works the test is skipped - unless `CI=true`, where it fails.
+
+use std::io::BufRead;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use crate::db::in_ci;
+
+/// The repository root.
+pub fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ is in the repository")
+        .to_path_buf()
+}
+
+/// A Python interpreter with the `dtx` package and its test extra, or `None` (outside CI) when
+/// none can be had.
+pub fn python() -> Option<PathBuf> {
+    if let Ok(python) = std::env::var("DTX_PYTHON") {
+        return Some(PathBuf::from(python));
+    }
+    let venv = repo().join("target/py-venv");
+    let python = venv.join("bin/python");
+    if python.exists() {
+        return Some(python);
+    }
+    let made = run(Command::new("python3").arg("-m").arg("venv").arg(&venv)).and_then(|()| {
+        run(Command::new(&python)
+            .args(["-m", "pip", "install", "-q", "-e"])
+            .arg(repo().join("sdk-python[test]")))
+    });
+    match made {
+        Ok(()) => Some(python),
+        Err(why) => {
+            let _ = std::fs::remove_dir_all(&venv);
+            assert!(
+                !in_ci(),
+                "no Python for the SDK tests (CI=true: must not skip): {why}"
+            );
+            eprintln!("skipped: no Python for the SDK tests: {why}");
+            None
+        }
+    }
+}
+
+fn run(command: &mut Command) -> Result<(), String> {
+    let status = command.status().map_err(|e| format!("{command:?}: {e}"))?;
+    status
+        .success()
+        .then_some(())
+        .ok_or_else(|| format!("{command:?}: {status}"))
+}
+
+/// `sdk-python/tests/participant_app.py` on a SQLite file: saga steps `ship` (succeeds, writes
+/// a ledger row; so does its compensation) and `fail` (refuses). Killed when dropped.
+pub struct PythonParticipant {
+    /// gRPC URL of the participant.
+    pub url: String,
+    child: Child,
+}
+
+impl PythonParticipant {
+    pub fn start(python: &Path, sqlite_file: &Path) -> PythonParticipant {
+        let mut child = Command::new(python)
+            .arg(repo().join("sdk-python/tests/participant_app.py"))
+            .arg(sqlite_file)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn the Python participant");
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().expect("piped"))
+            .read_line(&mut line)
+            .expect("read the Python participant's port");
+        let port = line
+            .trim()
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("the Python participant said {line:?}"));
+        PythonParticipant {
+            url: format!("http://127.0.0.1:{port}"),
+            child,
+        }
+    }
+}
+
+impl Drop for PythonParticipant {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
