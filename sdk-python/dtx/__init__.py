@@ -6,7 +6,7 @@ service takes part in the same TCC transactions and sagas as Rust ones.
 
 from .barrier import Action, Answer, BarrierError, BranchKey, Detail, Reply, call, request_hash
 from .client import BranchInDoubt, BranchRefused, Coordinator, CoordinatorError, DtxError
-from .db import Database, Postgres, Sqlite
+from .db import Database, MySql, Postgres, Sqlite, from_url
 from .limits import LimitError
 from .server import BranchCall, ParticipantServer, Rejected
 
@@ -24,11 +24,13 @@ __all__ = [
     "Detail",
     "DtxError",
     "LimitError",
+    "MySql",
     "ParticipantServer",
     "Postgres",
     "Rejected",
     "Reply",
     "Sqlite",
     "call",
+    "from_url",
     "request_hash",
 ]

@@ -50,6 +50,7 @@ _RECORD = (
 _PURGE = {
     "postgres": "DELETE FROM dtx_barrier WHERE ctid IN (SELECT ctid FROM dtx_barrier "
     "WHERE created_ms < ? ORDER BY created_ms LIMIT ?)",
+    "mysql": "DELETE FROM dtx_barrier WHERE created_ms < ? ORDER BY created_ms LIMIT ?",
     "sqlite": "DELETE FROM dtx_barrier WHERE rowid IN (SELECT rowid FROM dtx_barrier "
     "WHERE created_ms < ? ORDER BY created_ms LIMIT ?)",
 }

@@ -1,12 +1,13 @@
-"""The databases the barrier runs on: PostgreSQL (psycopg 3) and SQLite (the standard library).
+"""The databases the barrier runs on: PostgreSQL (psycopg 3), MySQL/MariaDB (PyMySQL) and SQLite
+(the standard library).
 
 The barrier is written once against :class:`Tx` (``?`` placeholders, an insert that ignores a
 duplicate key, a locking read of an existing row, savepoints); the dialect supplies what differs.
 Connections are in autocommit mode and transactions are begun explicitly, so every transaction
 is the barrier's own: ``BEGIN`` on PostgreSQL (READ COMMITTED: a duplicate insert waits for the
-first inserter's commit and the next statement reads its committed row), ``BEGIN IMMEDIATE`` on
-SQLite (the write lock up front, so a transaction that reads before it writes never fails to
-upgrade).
+first inserter's commit and the next statement reads its committed row; MySQL's READ COMMITTED
+as the Rust SDK sets it, so duplicate-key checks take no gap locks), ``BEGIN IMMEDIATE`` on SQLite
+(the write lock up front, so a transaction that reads before it writes never fails to upgrade).
 
 :meth:`Database.migrate` applies the barrier schema from the same SQL files as the Rust SDK and
 records them in the same ``dtx_migrations_barrier`` table, with sqlx's checksums, so a Rust and
@@ -86,12 +87,12 @@ class Database:
                 yield tx
             except BaseException:
                 try:
-                    conn.execute("ROLLBACK")
+                    conn.cursor().execute("ROLLBACK")
                 except Exception:
                     conn.close()
                     raise
                 raise
-            conn.execute("COMMIT")
+            conn.cursor().execute("COMMIT")
 
     @contextmanager
     def _connection(self):
@@ -170,8 +171,8 @@ class Database:
 
 
 def _is_broken(conn):
-    closed = getattr(conn, "closed", False)
-    return bool(closed)
+    # psycopg says `closed`, PyMySQL `open`; sqlite3 connections only break when closed by us.
+    return bool(getattr(conn, "closed", False)) or getattr(conn, "open", True) is False
 
 
 def migrations(dialect):
@@ -263,6 +264,84 @@ def _sqlx_lock_id(database_name):
     return 0x3D32AD9E * zlib.crc32(database_name.encode())
 
 
+class MySql(Database):
+    """MySQL or MariaDB through PyMySQL: ``MySql("mysql://user:password@host:3306/db")``."""
+
+    dialect = "mysql"
+
+    def __init__(self, url, max_connections=16):
+        super().__init__(max_connections)
+        from urllib.parse import unquote, urlsplit
+
+        parts = urlsplit(url)
+        if parts.scheme not in ("mysql", "mariadb") or not parts.path.strip("/"):
+            raise ValueError(f"{url!r} is not a mysql://user@host:port/database URL")
+        self._params = dict(
+            host=parts.hostname or "127.0.0.1",
+            port=parts.port or 3306,
+            user=unquote(parts.username or "root"),
+            password=unquote(parts.password or ""),
+            database=parts.path.strip("/"),
+        )
+
+    def connect(self):
+        import pymysql
+
+        conn = pymysql.connect(**self._params, autocommit=True, charset="utf8mb4")
+        conn.cursor().execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+        return conn
+
+    def begin_sql(self):
+        return "START TRANSACTION"
+
+    def sql(self, text):
+        return text.replace("?", "%s")
+
+    def insert_ignore(self, rest):
+        # As the Rust SDK: IGNORE also skips data errors, but every value here is checked first.
+        return f"INSERT IGNORE INTO {rest}"
+
+    def share_lock(self):
+        return " LOCK IN SHARE MODE"
+
+    def is_lock_conflict(self, error):
+        import pymysql
+
+        # ER_LOCK_DEADLOCK, ER_LOCK_WAIT_TIMEOUT
+        return isinstance(error, pymysql.err.OperationalError) and error.args[:1] in (
+            (1213,),
+            (1205,),
+        )
+
+    def _lock_migrations(self, cursor):
+        # The named lock sqlx's MySQL migrator takes, so Rust and Python migrations serialize.
+        cursor.execute("SELECT DATABASE()")
+        (self._lock_name,) = cursor.fetchone()
+        cursor.execute("SELECT GET_LOCK(%s, -1)", (f"{_sqlx_lock_id(self._lock_name):x}",))
+
+    def _unlock_migrations(self, cursor):
+        cursor.execute("SELECT RELEASE_LOCK(%s)", (f"{_sqlx_lock_id(self._lock_name):x}",))
+
+    def _migrations_ddl(self):
+        return (
+            f"CREATE TABLE IF NOT EXISTS {MIGRATIONS_TABLE} ("
+            "version BIGINT PRIMARY KEY, description TEXT NOT NULL, "
+            "installed_on TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP, success BOOLEAN NOT NULL, "
+            "checksum BLOB NOT NULL, execution_time BIGINT NOT NULL)"
+        )
+
+    def _statements(self, script):
+        # MySQL DDL commits implicitly, so the files are written to be re-runnable; a statement
+        # ends with a `;` at the end of a line (comments go with the next statement).
+        statements, current = [], ""
+        for line in script.splitlines(keepends=True):
+            current += line
+            if line.rstrip().endswith(";") and not line.lstrip().startswith("--"):
+                statements.append(current)
+                current = ""
+        return statements
+
+
 class Sqlite(Database):
     """SQLite through the standard library: ``Sqlite("/var/lib/app/app.db")``. WAL mode and a
     30 s busy timeout, as the Rust SDK sets them."""
@@ -312,3 +391,18 @@ class Sqlite(Database):
         if any(line.strip() and not line.strip().startswith("--") for line in current.splitlines()):
             raise RuntimeError(f"migration ends in an unterminated statement: {current!r}")
         return statements
+
+
+def from_url(url, max_connections=16):
+    """The :class:`Database` a store URL names, spelled as the Rust SDK and the coordinator take
+    them: ``postgres://`` / ``postgresql://``, ``mysql://`` / ``mariadb://``, ``sqlite://FILE``."""
+    scheme = url.split("://", 1)[0] if "://" in url else ""
+    if scheme in ("postgres", "postgresql"):
+        return Postgres(url, max_connections)
+    if scheme in ("mysql", "mariadb"):
+        return MySql(url, max_connections)
+    if scheme == "sqlite":
+        path = url[len("sqlite://") :].split("?", 1)[0]
+        if path:
+            return Sqlite(path, max_connections)
+    raise ValueError(f"{url!r} is not a postgres://, mysql:// or sqlite://FILE URL")

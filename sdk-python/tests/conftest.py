@@ -1,9 +1,9 @@
-"""Fixtures: a fresh database per test on the real PostgreSQL and on SQLite, and the real
-coordinator binary.
+"""Fixtures: a fresh database per test on the real PostgreSQL and MariaDB and on SQLite, and the
+real coordinator binary.
 
-PostgreSQL is found through ``DTX_TEST_POSTGRES_URL`` (default: the loopback server of the
-development machine), the coordinator through ``DTX_COORDINATOR_BIN`` (the Rust test that runs
-this suite sets it). When either is missing the test is skipped - unless ``CI=true``, where it
+PostgreSQL is found through ``DTX_TEST_POSTGRES_URL``, MariaDB/MySQL through
+``DTX_TEST_MYSQL_URL`` (defaults: the loopback servers of the development machine), the
+coordinator through ``DTX_COORDINATOR_BIN`` (the Rust test that runs this suite sets it). When either is missing the test is skipped - unless ``CI=true``, where it
 fails: CI must never go green by skipping.
 """
 
@@ -19,12 +19,17 @@ import pytest
 import dtx
 
 POSTGRES_URL = os.environ.get("DTX_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
+MYSQL_URL = os.environ.get("DTX_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/test")
 IN_CI = os.environ.get("CI") in ("true", "1")
 
 LEDGER = {
     "postgres": "CREATE TABLE ledger (xid TEXT, branch_id TEXT, action TEXT, payload BYTEA)",
+    "mysql": "CREATE TABLE ledger (id BIGINT AUTO_INCREMENT PRIMARY KEY, xid VARCHAR(128), "
+    "branch_id VARCHAR(64), action VARCHAR(16), payload BLOB)",
     "sqlite": "CREATE TABLE ledger (xid TEXT, branch_id TEXT, action TEXT, payload BLOB)",
 }
+#: Insertion order of the ledger's rows, per dialect.
+LEDGER_ORDER = {"postgres": "ctid", "mysql": "id", "sqlite": "rowid"}
 
 
 def unavailable(what):
@@ -40,12 +45,15 @@ def _with_database(url, name):
     return f"{scheme}://{host}/{name}" + (f"?{query}" if query else "")
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+@pytest.fixture(params=["sqlite", "postgres", "mysql"])
 def database(request, tmp_path):
     """A migrated barrier database with a ``ledger`` table for the business effects."""
     if request.param == "sqlite":
         db = dtx.Sqlite(str(tmp_path / "participant.db"))
         yield from _prepared(db)
+        return
+    if request.param == "mysql":
+        yield from _mysql()
         return
     import psycopg
 
@@ -63,10 +71,28 @@ def database(request, tmp_path):
         admin.close()
 
 
+def _mysql():
+    import pymysql
+
+    name = f"dtx_t_py_{uuid.uuid4().hex[:12]}"
+    admin_db = dtx.MySql(MYSQL_URL)
+    try:
+        admin = admin_db.connect()
+    except pymysql.err.OperationalError as e:
+        unavailable(f"MySQL/MariaDB at {MYSQL_URL} is unreachable: {e}")
+    admin.cursor().execute(f"CREATE DATABASE `{name}`")
+    try:
+        db = dtx.MySql(_with_database(MYSQL_URL, name))
+        yield from _prepared(db)
+    finally:
+        admin.cursor().execute(f"DROP DATABASE IF EXISTS `{name}`")
+        admin.close()
+
+
 def _prepared(db):
     db.migrate()
     conn = db.connect()
-    conn.execute(LEDGER[db.dialect])
+    conn.cursor().execute(LEDGER[db.dialect])
     conn.close()
     try:
         yield db
@@ -79,10 +105,9 @@ def ledger(db, xid):
     conn = db.connect()
     try:
         cursor = conn.cursor()
+        order = LEDGER_ORDER[db.dialect]
         cursor.execute(
-            db.sql("SELECT branch_id, action, payload FROM ledger WHERE xid = ? ORDER BY rowid")
-            if db.dialect == "sqlite"
-            else db.sql("SELECT branch_id, action, payload FROM ledger WHERE xid = ? ORDER BY ctid"),
+            db.sql(f"SELECT branch_id, action, payload FROM ledger WHERE xid = ? ORDER BY {order}"),
             (xid,),
         )
         return [(b, a, bytes(p)) for b, a, p in cursor.fetchall()]

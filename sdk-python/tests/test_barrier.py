@@ -156,7 +156,7 @@ def test_migrate_is_repeatable(database):
     conn = database.connect()
     cursor = conn.cursor()
     cursor.execute("SELECT version, description FROM dtx_migrations_barrier ORDER BY version")
-    assert cursor.fetchall() == [(1, "barrier"), (2, "phase two and request hash")]
+    assert list(cursor.fetchall()) == [(1, "barrier"), (2, "phase two and request hash")]
     conn.close()
 
 

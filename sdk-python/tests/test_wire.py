@@ -31,7 +31,7 @@ def test_the_generated_code_matches_the_proto(tmp_path):
         )
 
 
-@pytest.mark.parametrize("dialect", ["postgres", "sqlite"])
+@pytest.mark.parametrize("dialect", ["postgres", "mysql", "sqlite"])
 def test_the_barrier_migrations_are_the_rust_sdks(dialect):
     rust = sorted((REPO / "migrations" / dialect / "barrier").glob("*.sql"))
     python = sorted((PACKAGE / "dtx" / "migrations" / dialect).glob("*.sql"))

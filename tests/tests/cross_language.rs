@@ -86,3 +86,31 @@ async fn a_saga_spans_a_rust_and_a_python_participant<DB: TestBackend>(db: &'sta
         .expect("the Rust SDK accepts the barrier tables the Python package migrated");
 }
 test_on_all_databases!(a_saga_spans_a_rust_and_a_python_participant, SCHEMAS);
+
+/// Runs the Python package's migrator on `url` (`dtx.from_url(url).migrate()`).
+fn python_migrate(python: &std::path::Path, url: &str) {
+    let status = std::process::Command::new(python)
+        .args([
+            "-c",
+            "import sys, dtx; dtx.from_url(sys.argv[1]).migrate()",
+            url,
+        ])
+        .status()
+        .expect("run the Python migrator");
+    assert!(
+        status.success(),
+        "the Python migrator failed on {url}: {status}"
+    );
+}
+
+/// Either SDK may migrate a shared database first, and the other accepts it: the same files,
+/// the same ledger table and the same sqlx checksums, on every database.
+async fn rust_and_python_migrate_one_database<DB: TestBackend>(db: &'static TestDb<DB>) {
+    let Some(python) = python() else { return };
+    python_migrate(&python, &db.url);
+    dtx_sdk::migrate_barrier(&db.pool)
+        .await
+        .expect("the Rust SDK accepts the barrier the Python package migrated");
+    python_migrate(&python, &db.url);
+}
+test_on_all_databases!(rust_and_python_migrate_one_database, &[]);
