@@ -20,10 +20,15 @@ Sagas::
                .run(timeout_s=30))
 """
 
+import json
 import os
+import socket
 import time
+import urllib.error
+import urllib.request
 
 import grpc
+from google.protobuf import json_format
 
 from .v1 import dtx_pb2 as wire
 from .v1 import dtx_pb2_grpc
@@ -56,12 +61,21 @@ def _address(target):
     for scheme in ("http://", "https://"):
         if target.startswith(scheme):
             target = target[len(scheme) :]
-    if "/" in target.rstrip("/"):
-        raise ValueError(
-            f"target {target!r} has a path: that is an HTTP/JSON participant, which this client "
-            "does not call directly; register it for a saga instead"
-        )
+    if _is_http(target):
+        raise ValueError(f"target {target!r} has a path: that is an HTTP/JSON participant")
     return target.rstrip("/")
+
+
+def _is_http(target):
+    """A target with a path is an HTTP/JSON participant, as the coordinator decides it."""
+    rest = target.split("://", 1)[-1]
+    return "/" in rest.rstrip("/")
+
+
+class _Unknown(Exception):
+    """An answer that proves nothing about the effect: retry. Every status (gRPC) or problem
+    body (HTTP) is one, whatever its code: it may come from a proxy, or from a replica that
+    lacks the handler while another ran it (``dtx_proto::answer``, the coordinator's rule)."""
 
 
 def new_traceparent():
@@ -172,25 +186,20 @@ class TccTransaction:
             payload=payload,
             headers=headers,
         )
-        participant = self.coordinator.participant(target)
+        send = self._http if _is_http(target) else self._grpc
         last = ""
         for attempt in range(self.try_retries + 1):
             if attempt:
                 time.sleep(0.05 * (1 << min(attempt, 6)))
             try:
-                response = participant.Branch(
-                    request,
-                    timeout=self.call_timeout_s,
-                    metadata=[(TRACEPARENT, _child(self.traceparent))],
-                )
-            except grpc.RpcError as e:
-                if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
-                    # It may still commit; a retry would race it. The Cancel settles it.
-                    raise BranchInDoubt(
-                        f"{self.xid}/{branch_id}: no answer within {self.call_timeout_s} s"
-                    ) from None
-                # A status proves nothing about the effect (it may come from a proxy).
-                last = f"{e.code().name} (a status proves nothing about the effect): {e.details()}"
+                response = send(target, request)
+            except TimeoutError:
+                # It may still commit; a retry would race it. The Cancel settles it.
+                raise BranchInDoubt(
+                    f"{self.xid}/{branch_id}: no answer within {self.call_timeout_s} s"
+                ) from None
+            except _Unknown as e:
+                last = f"{e} (proves nothing about the effect)"
                 continue
             if response.outcome == wire.OUTCOME_SUCCESS:
                 return bytes(response.result)
@@ -201,6 +210,43 @@ class TccTransaction:
                 )
             last = f"RETRY: {response.message}"
         raise BranchInDoubt(f"{self.xid}/{branch_id}: {last}")
+
+    def _grpc(self, target, request):
+        try:
+            return self.coordinator.participant(target).Branch(
+                request,
+                timeout=self.call_timeout_s,
+                metadata=[(TRACEPARENT, _child(self.traceparent))],
+            )
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise TimeoutError from None
+            raise _Unknown(f"{e.code().name}: {e.details()}") from None
+
+    def _http(self, target, request):
+        post = urllib.request.Request(
+            target,
+            data=json_format.MessageToJson(request, indent=None).encode(),
+            headers={
+                "content-type": "application/json",
+                "accept": "application/json",
+                TRACEPARENT: _child(self.traceparent),
+            },
+        )
+        try:
+            with urllib.request.urlopen(post, timeout=self.call_timeout_s) as answer:
+                body = answer.read()
+            return json_format.Parse(body, wire.BranchResponse(), ignore_unknown_fields=True)
+        except urllib.error.HTTPError as e:
+            try:
+                code = json.loads(e.read()).get("code", "")
+            except ValueError:
+                code = ""
+            raise _Unknown(f"HTTP {e.code} {code}".rstrip()) from None
+        except (TimeoutError, socket.timeout):
+            raise TimeoutError from None
+        except (urllib.error.URLError, OSError, json_format.ParseError, ValueError) as e:
+            raise _Unknown(f"HTTP call failed: {e}") from None
 
     def _decide(self, method):
         if not self._begun:

@@ -19,16 +19,26 @@ unknown handler                             gRPC NOT_FOUND
 action kind the handler does not have       gRPC FAILED_PRECONDITION
 ==========================================  =====================================
 
+Over HTTP/JSON instead of gRPC, :meth:`ParticipantServer.wsgi_app` (mount it in any WSGI
+framework) or :meth:`ParticipantServer.serve_http` answers a step target with a path, such as
+``http://billing:8000/dtx/branch``, with the same rules; a rejection is a problem+json body whose
+``code`` is the gRPC code's name, as the coordinator reads it.
+
 A handler is ``handler(conn, call) -> Reply``: ``conn`` is the driver's connection inside the
 open transaction (write the business change on it), ``call`` a :class:`BranchCall`.
 """
 
+import json
 import logging
+import threading
 import time
 from concurrent import futures
 from dataclasses import dataclass, field
+from socketserver import ThreadingMixIn
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import grpc
+from google.protobuf import json_format
 
 from . import barrier, limits
 from .barrier import Action, BranchKey
@@ -99,12 +109,9 @@ class ParticipantServer(dtx_pb2_grpc.ParticipantServicer):
     # -- gRPC ------------------------------------------------------------------------------
 
     def Branch(self, request, context):  # noqa: N802 (the generated servicer's name)
-        headers = dict(request.headers)
         trace = dict(context.invocation_metadata()).get(TRACEPARENT)
-        if trace and (len(headers) < limits.MAX_HEADERS or TRACEPARENT in headers):
-            headers[TRACEPARENT] = trace
         try:
-            return self.handle(request, headers)
+            return self.handle(request, _with_trace(request, trace))
         except Rejected as e:
             context.abort(e.code, str(e))
 
@@ -120,6 +127,56 @@ class ParticipantServer(dtx_pb2_grpc.ParticipantServicer):
             raise OSError(f"could not listen on {address}")
         server.start()
         return server, port
+
+    # -- HTTP/JSON -------------------------------------------------------------------------
+
+    def wsgi_app(self):
+        """A WSGI application answering the coordinator's HTTP/JSON branch calls: a POST of a
+        ``BranchRequest`` in proto3 JSON, answered 200 with the ``BranchResponse``."""
+
+        def app(environ, start_response):
+            status, body = self._http_call(environ)
+            kind = "application/json" if status == 200 else "application/problem+json"
+            start_response(
+                f"{status} {_REASONS[status]}",
+                [("content-type", kind), ("content-length", str(len(body)))],
+            )
+            return [body]
+
+        return app
+
+    def serve_http(self, address="127.0.0.1:0"):
+        """Serves :meth:`wsgi_app` on a thread per request (the standard library's server);
+        returns ``(server, port)``; ``server.shutdown()`` stops it."""
+        host, _, port = address.rpartition(":")
+        server = make_server(
+            host, int(port), self.wsgi_app(), server_class=_ThreadingServer,
+            handler_class=_QuietHandler,
+        )
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        return server, server.server_port
+
+    def _http_call(self, environ):
+        if environ.get("REQUEST_METHOD") != "POST":
+            return _problem(grpc.StatusCode.UNIMPLEMENTED, "branch calls are POSTs", 405)
+        try:
+            length = int(environ.get("CONTENT_LENGTH") or 0)
+        except ValueError:
+            return _problem(grpc.StatusCode.INVALID_ARGUMENT, "content-length is not a number")
+        if length > MAX_REQUEST_BYTES:
+            return _problem(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"request of {length} bytes exceeds the limit of {MAX_REQUEST_BYTES} bytes",
+            )
+        try:
+            request = json_format.Parse(environ["wsgi.input"].read(length), wire.BranchRequest())
+        except (json_format.ParseError, UnicodeDecodeError) as e:
+            return _problem(grpc.StatusCode.INVALID_ARGUMENT, f"not a BranchRequest: {e}")
+        try:
+            response = self.handle(request, _with_trace(request, environ.get("HTTP_TRACEPARENT")))
+        except Rejected as e:
+            return _problem(e.code, str(e))
+        return 200, json_format.MessageToJson(response, indent=None).encode()
 
     # -- without gRPC ----------------------------------------------------------------------
 
@@ -183,6 +240,42 @@ class ParticipantServer(dtx_pb2_grpc.ParticipantServicer):
                     e,
                 )
                 return wire.BranchResponse(outcome=wire.OUTCOME_RETRY, message=str(e))
+
+
+def _with_trace(request, trace):
+    """The request's headers with the transport's trace context (as the Rust server does)."""
+    headers = dict(request.headers)
+    if trace and (len(headers) < limits.MAX_HEADERS or TRACEPARENT in headers):
+        headers[TRACEPARENT] = trace
+    return headers
+
+
+#: HTTP statuses of the codes this server answers (``dtx_proto::http::STATUS_TABLE``).
+_HTTP_STATUS = {
+    grpc.StatusCode.INVALID_ARGUMENT: 400,
+    grpc.StatusCode.FAILED_PRECONDITION: 400,
+    grpc.StatusCode.NOT_FOUND: 404,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
+    grpc.StatusCode.UNIMPLEMENTED: 501,
+}
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
+            429: "Too Many Requests", 501: "Not Implemented"}
+
+
+def _problem(code, detail, status=None):
+    status = status or _HTTP_STATUS[code]
+    body = {"type": "about:blank", "title": _REASONS[status], "status": status,
+            "detail": detail, "code": code.name}
+    return status, json.dumps(body).encode()
+
+
+class _ThreadingServer(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format, *args):  # noqa: A002 (the base class's name)
+        log.debug("http participant: " + format, *args)
 
 
 def _to_wire(answer):
