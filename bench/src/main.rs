@@ -5,6 +5,7 @@
 //! The coordinator runs as a child process (this executable in `coordinator` mode, the real
 //! server code); the participants and the closed-loop clients run in this process.
 
+mod baseline;
 mod coordinator;
 mod cpu;
 mod database;
@@ -24,7 +25,7 @@ use dtx_sdk::client::Coordinator;
 use dtx_sdk::sql::sqlx;
 
 use crate::coordinator::CoordinatorProcess;
-use crate::database::{BenchDatabase, RawInserts, Store};
+use crate::database::{BenchDatabase, Store};
 use crate::load::Measured;
 use crate::report::{Report, Row, StoreReport};
 use crate::workload::{Targets, Workload};
@@ -91,7 +92,7 @@ struct Args {
 
 /// Connections of the participants' and the baseline's pools: PostgreSQL allows 100 by
 /// default, and the coordinator holds 16.
-const MAX_POOL: usize = 32;
+pub const MAX_POOL: usize = 32;
 
 fn main() -> Result<(), Error> {
     // `dtx-bench coordinator <coordinator flags>`: the coordinator under test.
@@ -205,12 +206,25 @@ async fn bench_store(args: &Args, store: Store, admin: &str) -> Result<StoreRepo
     println!("{}", report::HEADER);
     let mut rows = Vec::new();
     for &clients in &args.clients {
-        let raw = raw_baseline(store, &db.raw_url, clients, warmup, window).await?;
-        let raw_row = row(store, clients, "raw-insert", &raw, raw.per_second());
-        println!("{}", raw_row.line());
-        rows.push(raw_row);
+        let raw = baseline::raw_inserts(store, &db.raw_url, clients, warmup, window);
+        let (raw, raw_cpu) = harness.charged(raw).await?;
+        let noop = baseline::noop_calls(&targets.noop, clients, warmup, window);
+        let (noop, noop_cpu) = harness.charged(noop).await?;
+        let floor = Floor {
+            raw_insert: raw_cpu,
+            noop_call: noop_cpu,
+        };
+        for (name, m, cpu) in [
+            ("raw-insert", &raw, raw_cpu),
+            ("noop-grpc", &noop, noop_cpu),
+        ] {
+            let mut r = row(store, clients, name, m, raw.per_second());
+            r.cpu_per_tx = Some(cpu);
+            println!("{}", r.line());
+            rows.push(r);
+        }
         for &w in &args.workloads {
-            let r = harness.measure(clients, w, &raw).await?;
+            let r = harness.measure(clients, w, &raw, &floor).await?;
             println!("{}", r.line());
             if let Some(e) = &r.first_error {
                 println!("    first error: {e}");
@@ -264,10 +278,34 @@ struct Harness<'a> {
     window: Duration,
 }
 
+/// Machine CPU of one unit of each baseline at one client count.
+struct Floor {
+    raw_insert: cpu::PerTx,
+    noop_call: cpu::PerTx,
+}
+
 impl Harness<'_> {
+    /// Runs a baseline, charging it the CPU used meanwhile.
+    async fn charged(
+        &self,
+        run: impl Future<Output = Result<Measured, Error>>,
+    ) -> Result<(Measured, cpu::PerTx), Error> {
+        let before = cpu::Reading::now(self.process.pid());
+        let measured = run.await?;
+        let cpu = before.per_tx(&cpu::Reading::now(self.process.pid()), measured.total_ok);
+        Ok((measured, cpu))
+    }
+
     /// One workload at one client count, with the coordinator's counters, CPU and peak memory
-    /// read around it; `raw` is the baseline at the same client count.
-    async fn measure(&self, clients: usize, w: Workload, raw: &Measured) -> Result<Row, Error> {
+    /// read around it; `raw` is the baseline at the same client count, `floor` the CPU of
+    /// one unit of each baseline.
+    async fn measure(
+        &self,
+        clients: usize,
+        w: Workload,
+        raw: &Measured,
+        floor: &Floor,
+    ) -> Result<Row, Error> {
         let (process, store, warmup, window) = (self.process, self.store, self.warmup, self.window);
         process.reset_peak()?;
         let before = process.counters().await?;
@@ -283,12 +321,18 @@ impl Harness<'_> {
         let done = measured.total_ok as f64;
         let mut r = row(store, clients, w.name(), &measured, raw.per_second());
         r.store_commits_per_tx = Some(stats::ratio((after.commits - before.commits) as f64, done));
-        r.store_writes_per_tx = Some(stats::ratio((after.writes - before.writes) as f64, done));
+        let writes = stats::ratio((after.writes - before.writes) as f64, done);
+        r.store_writes_per_tx = Some(writes);
         r.p99_to_commit_floor = Some(stats::ratio(
             measured.latency.p99_ms,
             w.sequential_commits() as f64 * raw.latency.mean_ms,
         ));
-        r.cpu_per_tx = Some(cpu_before.per_tx(&cpu_after, measured.total_ok));
+        let cpu = cpu_before.per_tx(&cpu_after, measured.total_ok);
+        let floor_ms = f64::from(w.grpc_calls()) * floor.noop_call.machine_ms
+            + (writes + f64::from(w.participant_commits())) * floor.raw_insert.machine_ms;
+        r.cpu_per_tx = Some(cpu);
+        r.cpu_floor_ms = Some(floor_ms);
+        r.cpu_to_floor = Some(stats::ratio(cpu.machine_ms, floor_ms));
         r.coordinator_peak_mib = Some(process.peak_rss_kib()? as f64 / 1024.0);
         Ok(r)
     }
@@ -310,30 +354,7 @@ fn row(store: Store, clients: usize, workload: &'static str, m: &Measured, raw: 
         p99_to_commit_floor: None,
         coordinator_peak_mib: None,
         cpu_per_tx: None,
+        cpu_floor_ms: None,
+        cpu_to_floor: None,
     }
-}
-
-/// The raw single-insert rate at `clients` (pools capped at [`MAX_POOL`] connections).
-async fn raw_baseline(
-    store: Store,
-    url: &str,
-    clients: usize,
-    warmup: Duration,
-    window: Duration,
-) -> Result<Measured, Error> {
-    macro_rules! measure {
-        ($db:ty) => {{
-            let raw = RawInserts::<$db>::open(url, clients.min(MAX_POOL)).await?;
-            load::closed_loop(clients, warmup, window, move || {
-                let raw = raw.clone();
-                async move { raw.insert_one().await }
-            })
-            .await
-        }};
-    }
-    Ok(match store {
-        Store::Sqlite => measure!(sqlx::Sqlite),
-        Store::Postgres => measure!(sqlx::Postgres),
-        Store::Mysql => measure!(sqlx::MySql),
-    })
 }

@@ -29,6 +29,11 @@ pub struct Row {
     pub coordinator_peak_mib: Option<f64>,
     /// CPU milliseconds per completed transaction, measured over warm-up and window.
     pub cpu_per_tx: Option<crate::cpu::PerTx>,
+    /// The machine CPU floor of today's protocol: gRPC calls × one no-op call's machine CPU
+    /// + writes (coordinator store and participants) × one raw insert's, at the same clients.
+    pub cpu_floor_ms: Option<f64>,
+    /// Machine CPU per transaction ÷ that floor: the work above the protocol's own cost.
+    pub cpu_to_floor: Option<f64>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -88,7 +93,7 @@ impl Machine {
     }
 }
 
-pub const HEADER: &str = "store     clients  workload          tx/s    ×raw    p50ms   p95ms   p99ms  errors  commits/tx  writes/tx  p99/floor  peakMiB  cpu ms/tx: coord clients+parts machine";
+pub const HEADER: &str = "store     clients  workload          tx/s    ×raw    p50ms   p95ms   p99ms  errors  commits/tx  writes/tx  p99/floor  peakMiB  cpu ms/tx: coord clients+parts machine  floor ×floor";
 
 fn opt(v: Option<f64>, width: usize, decimals: usize) -> String {
     v.map_or_else(
@@ -100,7 +105,7 @@ fn opt(v: Option<f64>, width: usize, decimals: usize) -> String {
 impl Row {
     pub fn line(&self) -> String {
         format!(
-            "{:<9} {:>7}  {:<15} {:>8.0}  {:>6.3}  {:>7.2} {:>7.2} {:>7.2}  {:>6}  {}  {}  {}  {}  {}",
+            "{:<9} {:>7}  {:<15} {:>8.0}  {:>6.3}  {:>7.2} {:>7.2} {:>7.2}  {:>6}  {}  {}  {}  {}  {}  {} {}",
             format!("{:?}", self.store).to_lowercase(),
             self.clients,
             self.workload,
@@ -118,6 +123,8 @@ impl Row {
                 "{:>16.3} {:>13.3} {:>7.3}",
                 c.coordinator_ms, c.clients_and_participants_ms, c.machine_ms
             )),
+            opt(self.cpu_floor_ms, 6, 3),
+            opt(self.cpu_to_floor, 6, 2),
         )
     }
 }

@@ -70,6 +70,28 @@ impl Workload {
         }
     }
 
+    /// Unary gRPC calls one transaction makes (client -> coordinator and coordinator ->
+    /// participant alike). TCC: 2 RegisterBranch (the first also begins), 2 Try, the decision
+    /// (which waits for phase two), 2 Confirms or Cancels. Saga: SubmitSaga (which waits for
+    /// the outcome) and one call per action or compensation.
+    pub fn grpc_calls(self) -> u32 {
+        match self {
+            Workload::TccCommit | Workload::TccRollback | Workload::TccRows => 7,
+            Workload::Saga | Workload::SagaRows => 3,
+            Workload::SagaCompensate => 4,
+        }
+    }
+
+    /// Local commits the participants make per transaction (each barrier call of the rows
+    /// participant is one; the no-op participant writes nothing).
+    pub fn participant_commits(self) -> u32 {
+        match self {
+            Workload::TccRows => 4,
+            Workload::SagaRows => 2,
+            _ => 0,
+        }
+    }
+
     /// Runs one global transaction to its terminal outcome; `Err` says what went wrong.
     pub async fn run_one(self, coordinator: &Coordinator, targets: &Targets) -> Result<(), String> {
         match self {
