@@ -2,7 +2,7 @@
 //!
 //! Exit codes (for scripts): 0 done, 1 another error, 2 bad usage, 3 not found, 4 refused
 //! (the action does not apply to the transaction's status), 5 invalid input, 6 the
-//! coordinator is unreachable or unavailable.
+//! coordinator is unreachable, unavailable or did not answer within `--timeout`.
 
 mod output;
 
@@ -30,6 +30,17 @@ struct Cli {
         global = true
     )]
     coordinator: String,
+    /// Give up (exit 6) when the coordinator has not answered within this long, connecting
+    /// included (`500ms`, `10s`, `1m`): a coordinator that accepts and never answers must not
+    /// hang a script or an operator during an incident.
+    #[arg(
+        long,
+        env = "DTX_TIMEOUT",
+        default_value = "10s",
+        value_parser = duration::parse,
+        global = true
+    )]
+    timeout: std::time::Duration,
     /// `table` for people, `json` for scripts.
     #[arg(long, value_enum, default_value_t = Output::Table, global = true)]
     output: Output,
@@ -135,7 +146,19 @@ impl From<tonic::Status> for Failure {
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    match run(cli).await {
+    let (url, timeout) = (cli.coordinator.clone(), cli.timeout);
+    let answered = tokio::time::timeout(timeout, run(cli))
+        .await
+        .unwrap_or_else(|_| {
+            Err(Failure {
+                code: 6,
+                message: format!(
+                    "the coordinator at {url} did not answer within {timeout:?} (--timeout): it \
+                     may be stopped, overloaded or not a dtx coordinator"
+                ),
+            })
+        });
+    match answered {
         Ok(text) => {
             println!("{text}");
             ExitCode::SUCCESS
@@ -147,11 +170,33 @@ async fn main() -> ExitCode {
     }
 }
 
+/// The coordinator's channel; only `http://` URLs (the CLI has no TLS yet, and must not send
+/// what the operator meant to protect in plain text).
 async fn connect(url: &str) -> Result<AdminClient<Channel>, Failure> {
-    let endpoint = Channel::from_shared(url.to_string()).map_err(|e| Failure {
-        code: 5,
-        message: format!("--coordinator {url:?} is not a URL: {e}"),
-    })?;
+    let usage = |why: String| Failure {
+        code: 2,
+        message: format!("--coordinator {url:?} {why}"),
+    };
+    let uri: http::Uri = url
+        .parse()
+        .map_err(|e| usage(format!("is not a URL: {e} (e.g. http://127.0.0.1:50070)")))?;
+    match uri.scheme_str() {
+        Some("http") if uri.authority().is_some() => {}
+        Some("https") => {
+            return Err(usage(
+                "asks for TLS, which this dtx cannot speak yet: it would send the request in \
+                 plain text. Use http:// on a trusted network, or a TLS-terminating proxy on \
+                 this host"
+                    .into(),
+            ));
+        }
+        _ => {
+            return Err(usage(
+                "is not an http:// URL (e.g. http://127.0.0.1:50070)".into(),
+            ));
+        }
+    }
+    let endpoint = Channel::builder(uri);
     let channel = endpoint
         .connect_timeout(std::time::Duration::from_secs(5))
         .connect()

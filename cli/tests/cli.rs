@@ -151,3 +151,46 @@ test_on_all_databases!(
     an_operator_finds_fixes_and_checks_a_parked_transaction,
     SCHEMAS
 );
+
+/// A coordinator that accepts connections and never answers (a wedged process, or a
+/// SIGSTOPped one, whose kernel still completes the TCP handshake): `dtx` gives up after
+/// `--timeout` with exit 6 and a sentence.
+#[tokio::test]
+async fn a_coordinator_that_never_answers_times_out_with_exit_6() {
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", silent.local_addr().unwrap());
+    let held = tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((socket, _)) = silent.accept().await {
+            open.push(socket);
+        }
+    });
+    let started = std::time::Instant::now();
+    let (code, _, err) = dtx(&url, &["--timeout", "1s", "stats"]).await;
+    assert_eq!(code, 6, "{err}");
+    assert!(
+        err.contains("did not answer within 1s (--timeout)"),
+        "{err}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(8),
+        "took {:?}",
+        started.elapsed()
+    );
+    held.abort();
+}
+
+/// Usage errors are exit 2: a URL that is none, and https:// (no TLS yet: refused rather than
+/// sent in plain text).
+#[tokio::test]
+async fn a_bad_or_tls_coordinator_url_is_a_usage_error() {
+    for (url, says) in [
+        ("not a url", "is not"),
+        ("https://127.0.0.1:1", "asks for TLS"),
+        ("ftp://127.0.0.1:1", "is not an http:// URL"),
+    ] {
+        let (code, _, err) = dtx(url, &["stats"]).await;
+        assert_eq!(code, 2, "{url}: {err}");
+        assert!(err.contains(says), "{url}: {err}");
+    }
+}

@@ -120,7 +120,48 @@ pub struct Config {
     #[arg(long, env = "DTX_OTLP_ENDPOINT")]
     pub otlp_endpoint: Option<String>,
 
-    /// On SIGTERM/Ctrl-C, how long drivers may finish in-flight calls before exiting.
+    /// Most handler names given a label of their own in the branch call metrics; calls to
+    /// further handlers are counted under `handler="_other"` (keeps the series bounded).
+    #[arg(long, env = "DTX_METRICS_MAX_HANDLERS", default_value_t = EngineConfig::default().max_handler_labels)]
+    pub metrics_max_handlers: usize,
+
+    /// Most open connections on the gRPC listener (`--listen`); it has its own, so a flood on
+    /// another listener cannot take what initiators need. Further connections are closed at
+    /// once.
+    #[arg(long, env = "DTX_GRPC_MAX_CONNECTIONS", default_value_t = 10_000)]
+    pub grpc_max_connections: usize,
+
+    /// Most open connections on `--http-listen`; further ones get a 503 at once.
+    #[arg(long, env = "DTX_HTTP_MAX_CONNECTIONS", default_value_t = 1_000)]
+    pub http_max_connections: usize,
+
+    /// Most open connections on the console (`--admin-listen`); further ones get a 503.
+    #[arg(long, env = "DTX_ADMIN_MAX_CONNECTIONS", default_value_t = 100)]
+    pub admin_max_connections: usize,
+
+    /// Most open connections on `--metrics-listen`; further ones get a 503.
+    #[arg(long, env = "DTX_METRICS_MAX_CONNECTIONS", default_value_t = 20)]
+    pub metrics_max_connections: usize,
+
+    /// HTTP listeners close a connection whose request head has not arrived within this (slow
+    /// clients cannot hold connections open).
+    #[arg(long, env = "DTX_HEADER_TIMEOUT", default_value = "10s", value_parser = dtx_proto::duration::parse)]
+    pub header_timeout: Duration,
+
+    /// HTTP listeners refuse a request whose body has not arrived whole within this (408);
+    /// bodies are also cut at the listener's size limit while they are read.
+    #[arg(long, env = "DTX_BODY_TIMEOUT", default_value = "30s", value_parser = dtx_proto::duration::parse)]
+    pub body_timeout: Duration,
+
+    /// Host names the console may be reached by, besides IP addresses and `localhost`
+    /// (repeatable; comma-separated in the environment). Any other `Host` is refused, so a page
+    /// on another site cannot reach the console through DNS rebinding. The host of
+    /// `--alert-console-url` is allowed too.
+    #[arg(long = "admin-host", env = "DTX_ADMIN_HOST", value_delimiter = ',')]
+    pub admin_hosts: Vec<String>,
+
+    /// On SIGTERM/Ctrl-C, how long the listeners (which stop accepting at once) let requests
+    /// in flight finish, and then how long drivers may finish their calls before exiting.
     #[arg(long, env = "DTX_SHUTDOWN_GRACE_MS", default_value_t = millis(DEFAULT_SHUTDOWN_GRACE))]
     pub shutdown_grace_ms: u64,
 }
@@ -145,6 +186,7 @@ impl Config {
             retention: (self.retention_hours > 0)
                 .then(|| Duration::from_secs(self.retention_hours * 3600)),
             max_clock_skew: Duration::from_millis(self.max_clock_skew_ms),
+            max_handler_labels: self.metrics_max_handlers,
             ..default
         }
     }
@@ -170,6 +212,22 @@ impl Config {
             retry_max: self.alert_retry_max.max(Duration::from_secs(1)),
             timeout: self.alert_timeout.max(Duration::from_millis(100)),
         })
+    }
+
+    /// Host names the console answers to besides IP addresses and `localhost`.
+    pub fn console_hosts(&self) -> Vec<String> {
+        let mut hosts: Vec<String> = self
+            .admin_hosts
+            .iter()
+            .map(|h| h.to_ascii_lowercase())
+            .collect();
+        if let Some(url) = &self.alert_console_url
+            && let Ok(uri) = url.parse::<http::Uri>()
+            && let Some(host) = uri.host()
+        {
+            hosts.push(host.to_ascii_lowercase());
+        }
+        hosts
     }
 
     pub fn store_options(&self) -> StoreOptions {

@@ -11,7 +11,7 @@
 use std::sync::Arc;
 
 use axum::Router;
-use axum::body::Bytes;
+use axum::body::{Body, Bytes};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
@@ -21,12 +21,12 @@ use dtx_proto::v1::admin_server::Admin;
 use dtx_proto::v1::coordinator_server::Coordinator;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use tokio::net::TcpListener;
 use tonic::Status;
 
 use crate::admin::AdminService;
 use crate::engine::Engine;
 use crate::grpc::CoordinatorService;
+use crate::listen::BodyError;
 
 /// Largest request body: a request at the gRPC limit, its bytes fields in base64 (4/3) and
 /// the JSON around them.
@@ -45,7 +45,7 @@ macro_rules! service_routes {
                 let call = svc.clone();
                 router = router.route(
                     concat!("/", $service, "/", $name),
-                    post(move |headers: HeaderMap, body: Bytes| async move {
+                    post(move |headers: HeaderMap, body: Body| async move {
                         unary(headers, body, |request| async move { call.$method(request).await })
                             .await
                     }),
@@ -85,25 +85,45 @@ pub fn router(engine: Engine) -> Router {
     admin_routes(router, Arc::new(AdminService::plain(engine)))
         // The body limit is checked by `decode`, with a message naming it.
         .layer(axum::extract::DefaultBodyLimit::disable())
+        .fallback(no_route)
+        .method_not_allowed_fallback(wrong_method)
 }
 
-/// Serves the routes on `listener` until the process ends.
-pub async fn serve(listener: TcpListener, engine: Engine) {
-    let app = router(engine);
-    if let Err(e) = axum::serve(listener, app).await {
-        tracing::error!(error = %e, "HTTP/JSON interface stopped");
-    }
+/// Any other path: problem+json like every other error, saying what is served.
+async fn no_route(uri: axum::http::Uri) -> Response {
+    problem(&Status::not_found(format!(
+        "no route {}: the RPCs are served as POST /dtx.v1.Coordinator/<Method> and POST \
+         /dtx.v1.Admin/<Method>",
+        uri.path()
+    )))
+}
+
+/// A route's path with another method than POST.
+async fn wrong_method(method: axum::http::Method, uri: axum::http::Uri) -> Response {
+    let status = Status::unimplemented(format!(
+        "{method} {} is not served: RPCs are called with POST",
+        uri.path()
+    ));
+    let mut response = problem_as(Some(StatusCode::METHOD_NOT_ALLOWED), &status);
+    response
+        .headers_mut()
+        .insert(header::ALLOW, HeaderValue::from_static("POST"));
+    response
 }
 
 /// Decodes the JSON request, calls the service with the headers as metadata, encodes the
 /// answer.
-async fn unary<Req, Resp, F, Fut>(headers: HeaderMap, body: Bytes, call: F) -> Response
+async fn unary<Req, Resp, F, Fut>(headers: HeaderMap, body: Body, call: F) -> Response
 where
     Req: DeserializeOwned + Default,
     Resp: Serialize,
     F: FnOnce(tonic::Request<Req>) -> Fut,
     Fut: Future<Output = Result<tonic::Response<Resp>, Status>>,
 {
+    let body = match read(body).await {
+        Ok(body) => body,
+        Err(response) => return response,
+    };
     let message = match decode::<Req>(&body) {
         Ok(message) => message,
         Err(status) => return problem(&status),
@@ -119,6 +139,34 @@ where
             Err(e) => problem(&Status::internal(format!("encoding the answer: {e}"))),
         },
         Err(status) => problem(&status),
+    }
+}
+
+/// The whole body, or the problem saying which limit of the listener it broke (413 for the
+/// size, 408 for the time: the listener cut it while it was read).
+async fn read(body: Body) -> Result<Bytes, Response> {
+    use http_body_util::BodyExt;
+    match body.collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e) => {
+            let (code, detail) = match BodyError::find(&e) {
+                Some(BodyError::TooLarge { limit }) => (
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    format!(
+                        "the request body is larger than the limit of {limit} bytes for a JSON \
+                         request ({MAX_REQUEST_BYTES} bytes as protobuf)"
+                    ),
+                ),
+                Some(slow @ BodyError::TooSlow { .. }) => {
+                    (StatusCode::REQUEST_TIMEOUT, slow.to_string())
+                }
+                None => (
+                    StatusCode::BAD_REQUEST,
+                    format!("reading the request body: {e}"),
+                ),
+            };
+            Err(problem_as(Some(code), &Status::invalid_argument(detail)))
+        }
     }
 }
 
@@ -145,7 +193,15 @@ fn decode<Req: DeserializeOwned + Default>(body: &[u8]) -> Result<Req, Status> {
 
 /// A non-OK status as problem+json, its metadata (e.g. `dtx-status`) as headers.
 fn problem(status: &Status) -> Response {
-    let body = Problem::of_status(status);
+    problem_as(None, status)
+}
+
+/// [`problem`] with another HTTP status than the code's own (the body says the same).
+fn problem_as(http: Option<StatusCode>, status: &Status) -> Response {
+    let mut body = Problem::of_status(status);
+    if let Some(http) = http {
+        body.status = http.as_u16();
+    }
     let code = StatusCode::from_u16(body.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let mut headers = status.metadata().clone().into_headers();
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));

@@ -1,6 +1,9 @@
 //! The dtx coordinator.
 //!
 //! Layers, each only using the ones below it:
+//! * [`server`] and [`listen`] - the listeners (gRPC, HTTP/JSON, console, metrics) on one
+//!   serving path: per-listener connection caps, header and body timeouts, body limits read
+//!   as they arrive, draining on shutdown;
 //! * [`grpc`] - the `dtx.v1.Coordinator` service: converts requests, calls the engine, maps
 //!   errors to gRPC codes in one place;
 //! * [`http_api`] - the same services as JSON over HTTP, calling the gRPC implementations;
@@ -18,6 +21,7 @@ pub mod engine;
 pub mod error;
 pub mod grpc;
 pub mod http_api;
+pub mod listen;
 pub mod server;
 pub mod startup;
 pub mod store;

@@ -2,31 +2,26 @@
 //! reflection), metrics.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
-use tonic::transport::server::TcpIncoming;
+use tokio::sync::watch;
 
 use crate::admin::AdminService;
 use crate::config::Config;
 use crate::engine::Engine;
 use crate::error::Result;
 use crate::grpc::CoordinatorService;
+use crate::listen::{self, Limits, Listener, Protocol};
 use crate::startup;
 
-/// Calls in flight on one client connection. An SDK client multiplexes all its calls - long
-/// polls of Wait and Commit-and-wait included - over one connection, so hyper's default of 200
-/// would queue a busy client's calls (and a burst above it on a fresh connection is refused).
-const MAX_STREAMS_PER_CONNECTION: u32 = 16_384;
+/// Largest form the console accepts (a reason and an operator name).
+const CONSOLE_MAX_BODY: usize = 16 << 10;
 
-/// h2 closes a connection (ENHANCE_YOUR_CALM) when small unread DATA frames exceed half the
-/// connection window; a burst of thousands of small requests is that, so the window (flow
-/// control only: nothing is allocated for it) is sized for every stream's first frame.
-const CONNECTION_WINDOW: u32 = 16 << 20;
-
-/// Serves on `listener` until `shutdown` completes, then stops accepting calls and lets the
-/// drivers hand their transactions back to the store (so another instance, or the next start,
-/// continues them at once).
+/// Serves on `listener` (gRPC) and the configured HTTP listeners until `shutdown` completes;
+/// then every listener stops accepting and drains, and the drivers hand their transactions
+/// back to the store (so another instance, or the next start, continues them at once).
 pub async fn run(
     config: Config,
     listener: TcpListener,
@@ -42,9 +37,101 @@ pub async fn run(
         "coordinator serving"
     );
 
+    let http = |max_connections, max_body_bytes| Limits {
+        max_connections,
+        header_timeout: config.header_timeout,
+        body_timeout: Some(config.body_timeout),
+        max_body_bytes: Some(max_body_bytes),
+    };
+    let mut listeners = vec![Listener {
+        name: "grpc",
+        cap_flag: "--grpc-max-connections",
+        socket: listener,
+        protocol: Protocol::Grpc,
+        // gRPC bodies are streams (reflection's is long-lived); tonic limits each message.
+        limits: Limits {
+            max_connections: config.grpc_max_connections,
+            header_timeout: config.header_timeout,
+            body_timeout: None,
+            max_body_bytes: None,
+        },
+        router: grpc_router(&engine).await?,
+    }];
+    if let Some(addr) = config.http_listen {
+        let socket = startup::bind(addr, "--http-listen").await?;
+        tracing::info!(addr = %socket.local_addr()?, "HTTP/JSON interface serving");
+        listeners.push(Listener {
+            name: "http",
+            cap_flag: "--http-max-connections",
+            socket,
+            protocol: Protocol::Http,
+            limits: http(config.http_max_connections, crate::http_api::MAX_BODY_BYTES),
+            router: crate::http_api::router(engine.clone()),
+        });
+    }
+    if let Some(addr) = config.admin_listen {
+        let socket = startup::bind(addr, "--admin-listen").await?;
+        tracing::info!(
+            addr = %socket.local_addr()?,
+            hosts = ?config.console_hosts(),
+            "web console serving (to IP addresses, localhost and these host names)"
+        );
+        listeners.push(Listener {
+            name: "console",
+            cap_flag: "--admin-max-connections",
+            socket,
+            protocol: Protocol::Http,
+            limits: http(config.admin_max_connections, CONSOLE_MAX_BODY),
+            router: crate::console::router(engine.clone(), config.console_hosts()),
+        });
+    }
+    if let Some(addr) = config.metrics_listen {
+        let socket = startup::bind(addr, "--metrics-listen").await?;
+        listeners.push(Listener {
+            name: "metrics",
+            cap_flag: "--metrics-max-connections",
+            socket,
+            protocol: Protocol::Http,
+            limits: http(config.metrics_max_connections, 0),
+            router: metrics_router(engine.clone()),
+        });
+    }
+    check_descriptor_budget(&listeners, config.db_connections);
+
+    let grace = Duration::from_millis(config.shutdown_grace_ms);
+    let (stop, stopped) = watch::channel(false);
+    let report: listen::Report = {
+        let engine = engine.clone();
+        Arc::new(move |listener, reason| {
+            engine.metrics().listener_refused(listener, reason.as_str())
+        })
+    };
+    let reasons = listen::Refusal::ALL.map(listen::Refusal::as_str);
+    for listener in &listeners {
+        engine.metrics().listener_serving(listener.name, &reasons);
+    }
+    let served: Vec<_> = listeners
+        .into_iter()
+        .map(|l| tokio::spawn(listen::serve(l, stopped.clone(), grace, report.clone())))
+        .collect();
+    shutdown.await;
+    tracing::info!("shutting down: no new connections; draining the requests in flight");
+    stop.send_replace(true);
+    for listener in served {
+        listener.await.ok();
+    }
+    engine.shutdown(grace).await;
+    Ok(())
+}
+
+/// The gRPC services: Coordinator, Admin, health (both named) and reflection v1 and v1alpha.
+async fn grpc_router(engine: &Engine) -> Result<axum::Router> {
     let (health, health_service) = tonic_health::server::health_reporter();
     health
         .set_serving::<dtx_proto::v1::coordinator_server::CoordinatorServer<CoordinatorService>>()
+        .await;
+    health
+        .set_serving::<dtx_proto::v1::admin_server::AdminServer<AdminService>>()
         .await;
     let reflection = || {
         tonic_reflection::server::Builder::configure()
@@ -55,43 +142,80 @@ pub async fn run(
     let reflection_v1 = reflection().build_v1().map_err(reflection_error)?;
     // Older grpcurl and grpcio-reflection clients speak only v1alpha.
     let reflection_v1alpha = reflection().build_v1alpha().map_err(reflection_error)?;
-
-    if let Some(addr) = config.metrics_listen {
-        let metrics_listener = startup::bind(addr, "--metrics-listen").await?;
-        tokio::spawn(serve_metrics(metrics_listener, engine.clone()));
-    }
-
-    if let Some(addr) = config.http_listen {
-        let http = startup::bind(addr, "--http-listen").await?;
-        tracing::info!(addr = %http.local_addr()?, "HTTP/JSON interface serving");
-        tokio::spawn(crate::http_api::serve(http, engine.clone()));
-    }
-
-    if let Some(addr) = config.admin_listen {
-        let console = startup::bind(addr, "--admin-listen").await?;
-        tracing::info!(addr = %console.local_addr()?, "web console serving");
-        tokio::spawn(crate::console::serve(console, engine.clone()));
-    }
-
-    let grace = Duration::from_millis(config.shutdown_grace_ms);
-    let stopping = engine.clone();
-    let stop = async move {
-        shutdown.await;
-        tracing::info!("shutting down");
-        stopping.shutdown(grace).await;
-    };
-    tonic::transport::Server::builder()
-        .max_concurrent_streams(Some(MAX_STREAMS_PER_CONNECTION))
-        .initial_connection_window_size(Some(CONNECTION_WINDOW))
-        .add_service(health_service)
+    let routes = tonic::service::Routes::new(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(CoordinatorService::new(engine.clone()))
-        .add_service(AdminService::new(engine.clone()))
-        .serve_with_incoming_shutdown(TcpIncoming::from(listener).with_nodelay(Some(true)), stop)
-        .await
-        .map_err(|e| crate::Error::Io(std::io::Error::other(e)))?;
-    Ok(())
+        .add_service(AdminService::new(engine.clone()));
+    Ok(routes.prepare().into_axum_router())
+}
+
+/// `/metrics` (and any other path, for scrapers configured with another) answers GET with the
+/// Prometheus text.
+fn metrics_router(engine: Engine) -> axum::Router {
+    let scrape = axum::routing::get(
+        |axum::extract::State(engine): axum::extract::State<Engine>| async move {
+            (
+                [(http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+                engine.render_metrics().await,
+            )
+        },
+    );
+    axum::Router::new()
+        .route("/", scrape.clone())
+        .route("/{*path}", scrape)
+        .with_state(engine)
+}
+
+/// Raises the open-file limit to its hard limit and warns when the listeners' caps (plus the
+/// store's pool and some headroom) do not fit in it: past it, `accept` fails on every
+/// listener alike, the gRPC one included.
+fn check_descriptor_budget(listeners: &[Listener], db_connections: u32) {
+    let Some(limit) = raise_open_files_limit() else {
+        return;
+    };
+    let caps: usize = listeners.iter().map(|l| l.limits.max_connections).sum();
+    let needed = caps as u64 + u64::from(db_connections) + 64;
+    if needed > limit {
+        tracing::warn!(
+            open_files_limit = limit,
+            connection_caps = caps,
+            "the listeners' connection caps (--*-max-connections) and the store's pool need \
+             up to {needed} file descriptors, more than this process may open ({limit}): \
+             raise `ulimit -n` or lower the caps, or connections past the limit will fail on \
+             every listener"
+        );
+    }
+}
+
+/// The soft open-files limit after raising it to the hard one (as Go and most servers do).
+#[cfg(unix)]
+fn raise_open_files_limit() -> Option<u64> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit only read and write the struct passed by reference.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
+            return None;
+        }
+        if limit.rlim_cur < limit.rlim_max {
+            let raised = libc::rlimit {
+                rlim_cur: limit.rlim_max,
+                rlim_max: limit.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                limit = raised;
+            }
+        }
+    }
+    Some(limit.rlim_cur)
+}
+
+#[cfg(not(unix))]
+fn raise_open_files_limit() -> Option<u64> {
+    None
 }
 
 /// What the `coordinator` binary does: set up logging (and span export), serve until SIGTERM
@@ -186,39 +310,5 @@ impl Tracing {
         {
             tracing::warn!(error = %e, "could not flush spans to the OTLP collector");
         }
-    }
-}
-
-/// A minimal HTTP endpoint answering every request with the Prometheus text of the metrics.
-async fn serve_metrics(listener: TcpListener, engine: Engine) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut pause = Duration::from_millis(10);
-    loop {
-        let mut socket = match listener.accept().await {
-            Ok((socket, _)) => {
-                pause = Duration::from_millis(10);
-                socket
-            }
-            // A persistent error (e.g. out of file descriptors) must not spin a core: back
-            // off, capped at a second, and say why.
-            Err(e) => {
-                tracing::warn!(error = %e, "metrics listener cannot accept; retrying");
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_secs(1));
-                continue;
-            }
-        };
-        let engine = engine.clone();
-        tokio::spawn(async move {
-            let mut buf = [0u8; 1024];
-            let _ = socket.read(&mut buf).await;
-            let body = engine.render_metrics().await;
-            let head = format!(
-                "HTTP/1.1 200 OK\r\ncontent-type: text/plain; version=0.0.4\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
-                body.len()
-            );
-            let _ = socket.write_all(head.as_bytes()).await;
-            let _ = socket.write_all(body.as_bytes()).await;
-        });
     }
 }

@@ -163,12 +163,31 @@ pub fn check_target(field: &str, target: &str) -> Result<(), LimitError> {
     let uri: http::Uri = target
         .parse()
         .map_err(|e| LimitError(format!("{field} {target:?} is not a URI: {e}")))?;
-    match (uri.scheme_str(), uri.authority()) {
-        (Some("http" | "https"), Some(_)) => Ok(()),
-        _ => Err(LimitError(format!(
+    let Some(authority) = uri
+        .authority()
+        .filter(|_| matches!(uri.scheme_str(), Some("http" | "https")))
+    else {
+        return Err(LimitError(format!(
             "{field} {target:?} must be an absolute http:// or https:// URI"
-        ))),
+        )));
+    };
+    // Credentials in a target would be stored, shown by Get and the console, and logged.
+    if authority.as_str().contains('@') {
+        return Err(LimitError(format!(
+            "{field} must not carry credentials (user:password@): targets are stored and shown \
+             in plain text; authenticate participants another way"
+        )));
     }
+    // A port the call can never reach would be retried forever: refuse it where it enters.
+    if let Some(port) = authority.as_str().rsplit_once(':').map(|(_, p)| p)
+        && !authority.as_str().ends_with(']')
+        && !matches!(port.parse::<u16>(), Ok(1..))
+    {
+        return Err(LimitError(format!(
+            "{field} {target:?} has port {port:?}; a port is 1 to 65535"
+        )));
+    }
+    Ok(())
 }
 
 /// How the coordinator calls a participant target.
@@ -298,6 +317,24 @@ mod tests {
         assert!(check_target("target", "127.0.0.1:5000").is_err());
         assert!(check_target("target", "ftp://x").is_err());
         assert!(check_target("target", "").is_err());
+        assert!(check_target("target", "http://[::1]:5000/x").is_ok());
+        assert!(check_target("target", "http://[::1]").is_ok());
+    }
+
+    #[test]
+    fn targets_with_impossible_ports_or_credentials_are_refused() {
+        for port in ["0", "99999", "65536"] {
+            let target = format!("http://127.0.0.1:{port}");
+            let e = check_target("target", &target).unwrap_err().0;
+            assert!(e.contains("a port is 1 to 65535"), "{target}: {e}");
+        }
+        assert!(check_target("target", "http://127.0.0.1:65535").is_ok());
+        assert!(check_target("target", "http://[::1]:0").is_err());
+        for target in ["http://user:secret@svc:50051", "https://token@svc/hook"] {
+            let e = check_target("target", target).unwrap_err().0;
+            assert!(e.contains("must not carry credentials"), "{e}");
+            assert!(!e.contains("secret"), "the refusal repeats the secret: {e}");
+        }
     }
 
     #[test]

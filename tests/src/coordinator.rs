@@ -129,11 +129,43 @@ impl Process {
         extra: &[&str],
         skew: Option<&str>,
     ) -> Process {
+        Self::spawn(bin, store, addr, extra, skew, None).await
+    }
+
+    /// Starts it allowed to open at most `open_files` file descriptors (`ulimit -n`, soft and
+    /// hard), as on a host with a low limit.
+    pub async fn start_with_open_files(
+        bin: &str,
+        store: &str,
+        extra: &[&str],
+        open_files: u64,
+    ) -> Process {
+        Self::spawn(bin, store, free_addr().await, extra, None, Some(open_files)).await
+    }
+
+    async fn spawn(
+        bin: &str,
+        store: &str,
+        addr: SocketAddr,
+        extra: &[&str],
+        skew: Option<&str>,
+        open_files: Option<u64>,
+    ) -> Process {
         let listen = addr.to_string();
         let mut args = vec!["--store", store, "--listen", listen.as_str()];
         args.extend(with_fast(extra));
         let log = std::env::var("DTX_TEST_COORDINATOR_LOG").ok();
-        let mut command = Command::new(PathBuf::from(bin));
+        let mut command = match open_files {
+            // `exec` keeps the pid: signals reach the coordinator itself.
+            Some(n) => {
+                let mut c = Command::new("bash");
+                c.arg("-c")
+                    .arg(format!("ulimit -n {n} && exec \"$0\" \"$@\""))
+                    .arg(bin);
+                c
+            }
+            None => Command::new(PathBuf::from(bin)),
+        };
         if let Some(offset) = skew {
             // libfaketime preloaded into the coordinator itself (not the `faketime` wrapper,
             // which would stand between the SIGKILL and the coordinator): the wall clock only,
@@ -176,12 +208,21 @@ impl Process {
     }
 
     /// SIGTERM: the graceful path.
-    pub async fn terminate(mut self) -> std::process::ExitStatus {
-        let pid = self.pid();
+    pub async fn terminate(self) -> std::process::ExitStatus {
+        self.signal("TERM");
+        self.exited().await
+    }
+
+    /// Sends the signal `name` (`TERM`, `STOP`, ...) without waiting for anything.
+    pub fn signal(&self, name: &str) {
         // Safe: signals our own child.
         let _ = std::process::Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
+            .args([&format!("-{name}"), &self.pid().to_string()])
             .status();
+    }
+
+    /// Waits for the process to exit.
+    pub async fn exited(mut self) -> std::process::ExitStatus {
         self.child.wait().await.expect("reap")
     }
 }

@@ -335,6 +335,24 @@ async fn malformed_and_conflicting_input_is_rejected_without_writing<DB: TestBac
         register_branch(branch("open", "b2", "not a uri"))
     );
     case!(
+        "register: port 0",
+        InvalidArgument,
+        "a port is 1 to 65535",
+        register_branch(branch("open", "b2", "http://127.0.0.1:0"))
+    );
+    case!(
+        "register: port past 65535",
+        InvalidArgument,
+        "a port is 1 to 65535",
+        register_branch(branch("open", "b2", "http://127.0.0.1:99999"))
+    );
+    case!(
+        "register: credentials in the target",
+        InvalidArgument,
+        "must not carry credentials",
+        register_branch(branch("open", "b2", "http://user:secret@127.0.0.1:5000"))
+    );
+    case!(
         "register: payload too large",
         InvalidArgument,
         "limit of 65536 bytes",

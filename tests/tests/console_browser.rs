@@ -75,6 +75,16 @@ async fn an_operator_resumes_a_parked_transaction_from_the_queue<DB: TestBackend
         queue.contains("order-42") && queue.contains("NEEDS_ATTENTION"),
         "{queue}"
     );
+    // The console's own script and style sheet ran under its Content-Security-Policy.
+    let loaded = b
+        .execute(
+            "return [document.documentElement.dataset.refresh || 'not run', \
+             getComputedStyle(document.body).fontSize]",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(loaded, serde_json::json!(["on", "14px"]));
     browser.screenshot("console-queue").await;
     b.goto(&format!("{console}/transactions")).await.unwrap();
     browser.screenshot("console-list").await;

@@ -35,14 +35,16 @@ async fn health_and_reflection_answer() {
                 .connect()
                 .await
                 .unwrap();
-            let health = HealthClient::new(channel.clone())
-                .check(HealthCheckRequest {
-                    service: "dtx.v1.Coordinator".into(),
-                })
-                .await
-                .unwrap()
-                .into_inner();
-            assert_eq!(health.status(), ServingStatus::Serving);
+            for service in ["", "dtx.v1.Coordinator", "dtx.v1.Admin"] {
+                let health = HealthClient::new(channel.clone())
+                    .check(HealthCheckRequest {
+                        service: service.into(),
+                    })
+                    .await
+                    .unwrap_or_else(|e| panic!("health of {service:?}: {e}"))
+                    .into_inner();
+                assert_eq!(health.status(), ServingStatus::Serving, "{service:?}");
+            }
 
             let mut reflection = ServerReflectionClient::new(channel.clone());
             let request = ServerReflectionRequest {

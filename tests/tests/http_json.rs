@@ -197,7 +197,7 @@ async fn bad_input_gets_the_status_and_problem_of_its_grpc_code() {
             (
                 "Begin",
                 format!("{{\"xid\": \"{}\"}}", "y".repeat(dtx_coordinator::http_api::MAX_BODY_BYTES)),
-                400,
+                413,
                 "INVALID_ARGUMENT",
                 "larger than the limit",
             ),
@@ -222,8 +222,19 @@ async fn bad_input_gets_the_status_and_problem_of_its_grpc_code() {
                 post(&format!("{base}/dtx.v1.Coordinator/Get"), &json!({"xid": xid})).await;
             assert_eq!(status, 404, "{xid} was stored");
         }
-        let unknown = post(&format!("{base}/dtx.v1.Coordinator/Nope"), &json!({})).await;
-        assert_eq!(unknown.0, 404);
+        // Route errors are problem+json too.
+        let (status, content_type, _, problem) =
+            post(&format!("{base}/dtx.v1.Coordinator/Nope"), &json!({})).await;
+        assert_eq!((status, content_type.as_str()), (404, "application/problem+json"));
+        assert_eq!(problem["code"], "NOT_FOUND", "{problem}");
+        assert!(problem["detail"].as_str().unwrap().contains("POST /dtx.v1.Coordinator/<Method>"));
+        let wrong = reqwest::get(format!("{base}/dtx.v1.Coordinator/Get")).await.unwrap();
+        assert_eq!(wrong.status().as_u16(), 405);
+        assert_eq!(wrong.headers()["allow"], "POST");
+        assert_eq!(wrong.headers()["content-type"], "application/problem+json");
+        let problem: Value = serde_json::from_slice(&wrong.bytes().await.unwrap()).unwrap();
+        assert_eq!(problem["status"], 405, "{problem}");
+        assert!(problem["detail"].as_str().unwrap().contains("called with POST"), "{problem}");
     })
     .await;
 }

@@ -1,34 +1,127 @@
 //! The web console (`--admin-listen`): server-rendered pages on the same calls as the Admin
 //! service ([`crate::admin`]), a little plain JavaScript for refreshing, nothing to build.
 //!
-//! Actions are POSTed forms with a confirmation step; a POST whose `Origin` is not this host is
-//! refused (another site cannot act through an operator's browser).
+//! Actions are POSTed forms with a confirmation step. What keeps other sites out: every request
+//! must name this console in `Host` (an IP address, `localhost` or a configured name - a page
+//! reached through DNS rebinding names the attacker's host), a POST must carry an `Origin` of
+//! this host (browsers send one with every form POST; a request without it is not one of
+//! our forms), and every answer forbids framing, MIME sniffing and any script or style not
+//! served by the console itself.
 
 mod html;
 
 use axum::Router;
-use axum::extract::{Form, Path, Query, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::extract::{Form, Path, Query, Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::middleware::Next;
 use axum::response::{Html, IntoResponse, Redirect, Response};
 use axum::routing::get;
 use dtx_proto::v1 as wire;
-use tokio::net::TcpListener;
 
 use crate::admin::{self, ANONYMOUS, Action};
 use crate::engine::Engine;
 
 pub use html::escape;
 
-/// Serves the console on `listener` until the process ends.
-pub async fn serve(listener: TcpListener, engine: Engine) {
-    let app = Router::new()
+/// The Content-Security-Policy of every answer: only the console's own script and style, no
+/// frames, forms that post only back here.
+pub const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; \
+    style-src 'self'; connect-src 'self'; img-src 'self'; form-action 'self'; \
+    frame-ancestors 'none'; base-uri 'none'";
+
+/// The console's routes, answering only to `hosts` (lower-case names) besides IP addresses and
+/// `localhost`.
+pub fn router(engine: Engine, hosts: Vec<String>) -> Router {
+    let hosts = std::sync::Arc::new(hosts);
+    Router::new()
         .route("/", get(queue))
         .route("/transactions", get(transactions))
         .route("/tx/{xid}", get(transaction))
         .route("/tx/{xid}/{action}", axum::routing::post(act))
-        .with_state(engine);
-    if let Err(e) = axum::serve(listener, app).await {
-        tracing::error!(error = %e, "web console stopped");
+        .route(
+            "/console.js",
+            get(|| asset("text/javascript", html::SCRIPT)),
+        )
+        .route("/console.css", get(|| asset("text/css", html::STYLE)))
+        .with_state(engine)
+        .layer(axum::middleware::from_fn(move |request, next| {
+            guard(hosts.clone(), request, next)
+        }))
+}
+
+async fn asset(content_type: &'static str, text: &'static str) -> Response {
+    let cache = "max-age=300";
+    (
+        [
+            (header::CONTENT_TYPE, content_type),
+            (header::CACHE_CONTROL, cache),
+        ],
+        text,
+    )
+        .into_response()
+}
+
+/// Refuses a foreign `Host` and a POST without this host's `Origin`; adds the security
+/// headers to every answer.
+async fn guard(hosts: std::sync::Arc<Vec<String>>, request: Request, next: Next) -> Response {
+    let headers = request.headers();
+    let refusal = if !known_host(headers, &hosts) {
+        Some("refused: the console is not served under this host name (see --admin-host)")
+    } else if request.method() == axum::http::Method::POST && !same_origin(headers) {
+        Some("refused: the request did not come from a page of this console")
+    } else {
+        None
+    };
+    let mut response = match refusal {
+        Some(message) => (StatusCode::FORBIDDEN, Html(html::error(message))).into_response(),
+        None => next.run(request).await,
+    };
+    let set = response.headers_mut();
+    set.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(CONTENT_SECURITY_POLICY),
+    );
+    set.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    set.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    set.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("same-origin"),
+    );
+    response
+}
+
+/// Whether `Host` names this console: an IP address (a rebinding page cannot make the browser
+/// send one), `localhost`, or one of `hosts`.
+fn known_host(headers: &HeaderMap, hosts: &[String]) -> bool {
+    let authority = headers
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|h| h.parse::<axum::http::uri::Authority>().ok());
+    let Some(authority) = authority else {
+        return false;
+    };
+    let name = authority.host();
+    let bare = name.trim_start_matches('[').trim_end_matches(']');
+    bare.parse::<std::net::IpAddr>().is_ok()
+        || name.eq_ignore_ascii_case("localhost")
+        || hosts.iter().any(|h| name.eq_ignore_ascii_case(h))
+}
+
+/// Whether a POST's `Origin` is this console (same scheme-less host and port as `Host`).
+fn same_origin(headers: &HeaderMap) -> bool {
+    let origin = headers.get(header::ORIGIN).and_then(|v| v.to_str().ok());
+    let host = headers.get(header::HOST).and_then(|v| v.to_str().ok());
+    match (origin, host) {
+        (Some(origin), Some(host)) => {
+            origin
+                .strip_prefix("http://")
+                .or_else(|| origin.strip_prefix("https://"))
+                == Some(host)
+        }
+        _ => false,
     }
 }
 
@@ -106,31 +199,11 @@ struct ActionForm {
     confirmed: String,
 }
 
-/// Whether a POST comes from a page of this console (its `Origin` names this host), or from
-/// a client that sends no `Origin` (not a browser form on another site).
-fn same_origin(headers: &HeaderMap) -> bool {
-    let Some(origin) = headers.get(header::ORIGIN).and_then(|v| v.to_str().ok()) else {
-        return true;
-    };
-    let host = headers.get(header::HOST).and_then(|v| v.to_str().ok());
-    host.is_some_and(|host| {
-        origin
-            .strip_prefix("http://")
-            .or_else(|| origin.strip_prefix("https://"))
-            == Some(host)
-    })
-}
-
 async fn act(
     State(engine): State<Engine>,
     Path((xid, action)): Path<(String, String)>,
-    headers: HeaderMap,
     Form(form): Form<ActionForm>,
 ) -> Response {
-    if !same_origin(&headers) {
-        let message = "refused: the request came from another site";
-        return (StatusCode::FORBIDDEN, Html(html::error(message))).into_response();
-    }
     let which = match action.as_str() {
         "resume" => Action::Resume,
         "rollback" => Action::ForceRollback,

@@ -48,6 +48,7 @@ pub const METRIC_NAMES: &[&str] = &[
     "dtx_store_writes_total",
     "dtx_store_errors_total",
     "dtx_alert_deliveries_total",
+    "dtx_listener_refusals_total",
 ];
 
 /// What a scrape reads from the store and the engine at that moment.
@@ -65,6 +66,7 @@ pub struct Snapshot<'a> {
 }
 
 pub struct Metrics {
+    handlers: HandlerLabels,
     recorder: PrometheusRecorder,
     handle: PrometheusHandle,
     started_tcc: Counter,
@@ -79,8 +81,55 @@ impl std::fmt::Debug for Metrics {
     }
 }
 
+/// The `handler` label of the calls past the cap of [`HandlerLabels`].
+pub const OTHER_HANDLER: &str = "_other";
+
+/// Most distinct handler names given a label of their own when none is configured.
+pub const DEFAULT_MAX_HANDLER_LABELS: usize = 200;
+
+/// The handler names given a label of their own, first come first served up to a cap: callers
+/// name handlers, and each name is a series in every call metric, so without a cap a caller
+/// could grow every scrape (and the exporter's memory) without bound.
+struct HandlerLabels {
+    max: usize,
+    seen: std::sync::RwLock<std::collections::HashSet<String>>,
+}
+
+impl HandlerLabels {
+    fn label(&self, handler: &str) -> String {
+        let known = |seen: &std::collections::HashSet<String>| seen.contains(handler);
+        if self.seen.read().is_ok_and(|seen| known(&seen)) {
+            return handler.to_string();
+        }
+        let Ok(mut seen) = self.seen.write() else {
+            return OTHER_HANDLER.to_string();
+        };
+        if known(&seen) || seen.len() < self.max {
+            seen.insert(handler.to_string());
+            return handler.to_string();
+        }
+        if seen.len() == self.max {
+            // Logged once: the set stays at `max` names, so mark it as having overflowed.
+            seen.insert(OTHER_HANDLER.to_string());
+            tracing::warn!(
+                max = self.max,
+                "more handler names than --metrics-max-handlers; further ones are counted under \
+                 handler=\"{OTHER_HANDLER}\""
+            );
+        }
+        OTHER_HANDLER.to_string()
+    }
+}
+
 impl Default for Metrics {
     fn default() -> Self {
+        Metrics::new(DEFAULT_MAX_HANDLER_LABELS)
+    }
+}
+
+impl Metrics {
+    /// A recorder whose call metrics label at most `max_handlers` handler names.
+    pub fn new(max_handlers: usize) -> Self {
         let recorder = PrometheusBuilder::new()
             .set_buckets_for_metric(
                 Matcher::Full("dtx_branch_call_duration_seconds".into()),
@@ -106,6 +155,10 @@ impl Default for Metrics {
                 )
             });
         Metrics {
+            handlers: HandlerLabels {
+                max: max_handlers,
+                seen: Default::default(),
+            },
             recorder,
             handle,
             started_tcc,
@@ -177,6 +230,10 @@ fn describe() {
         "Store operations that failed, by operation."
     );
     describe_counter!(
+        "dtx_listener_refusals_total",
+        "Connections refused and requests cut by a listener (grpc, http, console, metrics), by reason: connection_cap, accept_failed, header_timeout, body_timeout, body_too_large, cut_at_shutdown."
+    );
+    describe_counter!(
         "dtx_alert_deliveries_total",
         "Alert webhook calls, by result (delivered: a 2xx answer; failed: anything else)."
     );
@@ -234,7 +291,7 @@ impl Metrics {
         outcome: &'static str,
         took: Duration,
     ) {
-        let handler = handler.to_string();
+        let handler = self.handlers.label(handler);
         self.with(|| {
             histogram!(
                 "dtx_branch_call_duration_seconds",
@@ -248,9 +305,29 @@ impl Metrics {
 
     /// A call that failed or got no answer and will be made again after its backoff.
     pub(super) fn retried(&self, handler: &str, action: &'static str) {
-        let handler = handler.to_string();
+        let handler = self.handlers.label(handler);
         self.with(|| {
             counter!("dtx_branch_retries_total", "handler" => handler, "action" => action)
+                .increment(1)
+        });
+    }
+
+    /// Exports a listener's refusal counters at zero, so they exist (and `rate()` works) before
+    /// the first refusal.
+    pub fn listener_serving(&self, listener: &'static str, reasons: &[&'static str]) {
+        self.with(|| {
+            for &reason in reasons {
+                counter!("dtx_listener_refusals_total", "listener" => listener, "reason" => reason)
+                    .increment(0);
+            }
+        });
+    }
+
+    /// A listener refused a connection or cut a request, and why (the listeners' refusal
+    /// names).
+    pub fn listener_refused(&self, listener: &'static str, reason: &'static str) {
+        self.with(|| {
+            counter!("dtx_listener_refusals_total", "listener" => listener, "reason" => reason)
                 .increment(1)
         });
     }
@@ -347,6 +424,7 @@ mod tests {
                 "dtx_takeovers_total",
                 "dtx_branch_retries_total",
                 "dtx_alert_deliveries_total",
+                "dtx_listener_refusals_total",
             ]
             .contains(name)
             {
@@ -356,6 +434,33 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn handler_names_past_the_cap_share_one_label() {
+        let m = Metrics::new(3);
+        for i in 0..150 {
+            let handler = format!("svc.h{i}");
+            m.branch_call(&handler, "ACTION", "success", Duration::from_millis(1));
+            m.retried(&handler, "ACTION");
+        }
+        // A known name keeps its label after the cap is reached.
+        m.retried("svc.h1", "ACTION");
+        let text = m.render(Snapshot::default());
+        let handlers: std::collections::BTreeSet<&str> = text
+            .split("handler=\"")
+            .skip(1)
+            .filter_map(|rest| rest.split('"').next())
+            .collect();
+        assert_eq!(
+            handlers.into_iter().collect::<Vec<_>>(),
+            ["_other", "svc.h0", "svc.h1", "svc.h2"],
+            "{text}"
+        );
+        assert!(
+            text.contains("dtx_branch_retries_total{handler=\"_other\",action=\"ACTION\"} 147")
+        );
+        assert!(text.contains("dtx_branch_retries_total{handler=\"svc.h1\",action=\"ACTION\"} 2"));
     }
 
     #[test]

@@ -62,6 +62,8 @@ pub struct EngineConfig {
     pub max_clock_skew: Duration,
     /// Alert webhooks; `None`: no alerts are raised or stored.
     pub alerts: Option<AlertConfig>,
+    /// Most handler names labelled apart in the call metrics (the rest share one label).
+    pub max_handler_labels: usize,
 }
 
 impl Default for EngineConfig {
@@ -79,6 +81,7 @@ impl Default for EngineConfig {
             clock_sync: Duration::from_secs(5),
             max_clock_skew: Duration::from_secs(1),
             alerts: None,
+            max_handler_labels: metrics::DEFAULT_MAX_HANDLER_LABELS,
         }
     }
 }
@@ -229,9 +232,9 @@ impl Engine {
             inner: Arc::new(Inner {
                 store,
                 participants: Arc::new(Participants::default()),
+                metrics: Metrics::new(config.max_handler_labels),
                 config,
                 active: Mutex::new(HashMap::new()),
-                metrics: Metrics::default(),
                 shutdown,
                 drivers: AtomicU64::new(0),
                 seq: AtomicU64::new(0),
