@@ -10,6 +10,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use dtx_proto::duration;
+use dtx_proto::tls::ClientTls;
 use dtx_proto::v1 as wire;
 use dtx_proto::v1::admin_client::AdminClient;
 use tonic::Code;
@@ -41,6 +42,16 @@ struct Cli {
         global = true
     )]
     timeout: std::time::Duration,
+    /// The CA (PEM) an `https://` coordinator's certificate must chain to (default: the
+    /// system's roots).
+    #[arg(long, env = "DTX_CA", global = true)]
+    ca: Option<std::path::PathBuf>,
+    /// A client certificate (PEM) for a coordinator that requires one (mTLS); with `--key`.
+    #[arg(long, env = "DTX_CERT", global = true)]
+    cert: Option<std::path::PathBuf>,
+    /// The private key (PEM) of `--cert`.
+    #[arg(long, env = "DTX_KEY", global = true)]
+    key: Option<std::path::PathBuf>,
     /// `table` for people, `json` for scripts.
     #[arg(long, value_enum, default_value_t = Output::Table, global = true)]
     output: Output,
@@ -133,14 +144,35 @@ impl From<tonic::Status> for Failure {
             Code::NotFound => 3,
             Code::FailedPrecondition | Code::Aborted | Code::AlreadyExists => 4,
             Code::InvalidArgument | Code::OutOfRange => 5,
-            Code::Unavailable | Code::DeadlineExceeded => 6,
+            Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled => 6,
+            // The connection failed under the call (tonic reports it as UNKNOWN).
+            _ if transport_failure(&s) => 6,
             _ => 1,
+        };
+        // A connection closed under the call: over TLS, most often a refused certificate.
+        let hint = if code == 6 && s.code() != Code::Unavailable {
+            " (the coordinator closed the connection: if it requires client certificates, \
+             give --cert and --key)"
+        } else {
+            ""
         };
         Failure {
             code,
-            message: s.message().to_string(),
+            message: format!("{}{hint}", s.message()),
         }
     }
+}
+
+/// Whether a status stands for a failed connection rather than an answer of the coordinator.
+fn transport_failure(status: &tonic::Status) -> bool {
+    let mut next = std::error::Error::source(status);
+    while let Some(e) = next {
+        if e.is::<tonic::transport::Error>() {
+            return true;
+        }
+        next = e.source();
+    }
+    false
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -170,9 +202,10 @@ async fn main() -> ExitCode {
     }
 }
 
-/// The coordinator's channel; only `http://` URLs (the CLI has no TLS yet, and must not send
-/// what the operator meant to protect in plain text).
-async fn connect(url: &str) -> Result<AdminClient<Channel>, Failure> {
+/// The coordinator's channel: `https://` is TLS (with `--ca`, `--cert`, `--key`), `http://`
+/// plain text (and then TLS flags are a mistake, not something to ignore).
+async fn connect(cli: &Cli) -> Result<AdminClient<Channel>, Failure> {
+    let url = cli.coordinator.as_str();
     let usage = |why: String| Failure {
         code: 2,
         message: format!("--coordinator {url:?} {why}"),
@@ -180,23 +213,31 @@ async fn connect(url: &str) -> Result<AdminClient<Channel>, Failure> {
     let uri: http::Uri = url
         .parse()
         .map_err(|e| usage(format!("is not a URL: {e} (e.g. http://127.0.0.1:50070)")))?;
+    let tls = ClientTls::from_files(
+        cli.ca.as_deref(),
+        cli.cert.as_deref(),
+        cli.key.as_deref(),
+        ["--ca", "--cert", "--key"],
+    )
+    .map_err(|message| Failure { code: 2, message })?;
     match uri.scheme_str() {
-        Some("http") if uri.authority().is_some() => {}
-        Some("https") => {
-            return Err(usage(
-                "asks for TLS, which this dtx cannot speak yet: it would send the request in \
-                 plain text. Use http:// on a trusted network, or a TLS-terminating proxy on \
-                 this host"
-                    .into(),
-            ));
+        Some("https") if uri.authority().is_some() => {}
+        Some("http") if uri.authority().is_some() => {
+            if tls.is_configured() {
+                return Err(usage(
+                    "is plain text (http://) but --ca, --cert or --key was given: use https://"
+                        .into(),
+                ));
+            }
         }
         _ => {
             return Err(usage(
-                "is not an http:// URL (e.g. http://127.0.0.1:50070)".into(),
+                "is not an http:// or https:// URL (e.g. http://127.0.0.1:50070)".into(),
             ));
         }
     }
-    let endpoint = Channel::builder(uri);
+    let endpoint = dtx_proto::tls::endpoint(url, Some(&tls))
+        .map_err(|message| Failure { code: 2, message })?;
     let channel = endpoint
         .connect_timeout(std::time::Duration::from_secs(5))
         .connect()
@@ -204,14 +245,28 @@ async fn connect(url: &str) -> Result<AdminClient<Channel>, Failure> {
         .map_err(|e| Failure {
             code: 6,
             message: format!(
-                "cannot reach the coordinator at {url}: {e} (is it running? see --coordinator)"
+                "cannot reach the coordinator at {url}: {} (is it running? see --coordinator, \
+                 and --ca/--cert/--key for TLS)",
+                error_chain(&e)
             ),
         })?;
     Ok(AdminClient::new(channel))
 }
 
+/// An error and its causes (a TLS failure is several levels down).
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut next = e.source();
+    while let Some(cause) = next {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        next = cause.source();
+    }
+    text
+}
+
 async fn run(cli: Cli) -> Result<String, Failure> {
-    let mut admin = connect(&cli.coordinator).await?;
+    let mut admin = connect(&cli).await?;
     let json = cli.output == Output::Json;
     match cli.command {
         Command::Stats => {

@@ -184,13 +184,74 @@ async fn a_coordinator_that_never_answers_times_out_with_exit_6() {
 /// sent in plain text).
 #[tokio::test]
 async fn a_bad_or_tls_coordinator_url_is_a_usage_error() {
-    for (url, says) in [
-        ("not a url", "is not"),
-        ("https://127.0.0.1:1", "asks for TLS"),
-        ("ftp://127.0.0.1:1", "is not an http:// URL"),
+    let dir = tempfile::tempdir().unwrap();
+    let ca = dtx_tests::pki::Ca::new(dir.path(), "dtx");
+    let ca_file = ca.cert().display().to_string();
+    for (url, extra, says) in [
+        ("not a url", vec![], "is not"),
+        (
+            "ftp://127.0.0.1:1",
+            vec![],
+            "is not an http:// or https:// URL",
+        ),
+        ("http://127.0.0.1:1", vec!["--ca", &ca_file], "use https://"),
+        (
+            "https://127.0.0.1:1",
+            vec!["--cert", &ca_file],
+            "--cert and --key go together",
+        ),
     ] {
-        let (code, _, err) = dtx(url, &["stats"]).await;
+        let mut args = extra.clone();
+        args.push("stats");
+        let (code, _, err) = dtx(url, &args).await;
         assert_eq!(code, 2, "{url}: {err}");
         assert!(err.contains(says), "{url}: {err}");
     }
+}
+
+/// `https://` is TLS: against a coordinator requiring client certificates, `dtx` works with
+/// `--ca`, `--cert` and `--key` (or their variables), and says why it cannot connect without.
+#[tokio::test]
+async fn the_cli_speaks_tls_and_mtls() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = dtx_tests::pki::Ca::new(dir.path(), "dtx");
+    let (server, client) = (ca.server("server"), ca.client("operator", "ops-anna"));
+    let files = [&server.cert, &server.key, &ca.cert()].map(|p| p.display().to_string());
+    let flags = [
+        "--tls-cert",
+        &files[0],
+        "--tls-key",
+        &files[1],
+        "--tls-client-ca",
+        &files[2],
+    ];
+    let store = format!("sqlite://{}", dir.path().join("c.db").display());
+    let tls = dtx_sdk::client::ClientTls {
+        ca_pem: Some(ca.pem().into_bytes()),
+        system_roots: false,
+        identity: Some((
+            client.cert_pem().into_bytes(),
+            client.key_pem().into_bytes(),
+        )),
+    };
+    let coordinator =
+        dtx_tests::coordinator::InProcess::start_with_tls(&store, &flags, Some(tls)).await;
+    let url = coordinator.url.clone();
+    let (cert, key) = (
+        client.cert.display().to_string(),
+        client.key.display().to_string(),
+    );
+    let tls_args = ["--ca", &files[2], "--cert", &cert, "--key", &key, "stats"];
+    let table = ok(&url, &tls_args).await;
+    assert!(table.contains("needs attention: 0"), "{table}");
+
+    let (code, _, err) = dtx(&url, &["--ca", &files[2], "stats"]).await;
+    assert_eq!(code, 6, "answered without a client certificate: {err}");
+    let (code, _, err) = dtx(&url, &["stats"]).await;
+    assert_eq!(
+        code, 6,
+        "trusted a private CA through the system roots: {err}"
+    );
+    assert!(err.contains("--ca"), "{err}");
+    coordinator.stop().await;
 }

@@ -3,6 +3,7 @@
 //! options table is generated from these flags and checked by a test.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::domain::alert::AlertRules;
@@ -125,6 +126,20 @@ pub struct Config {
     #[arg(long, env = "DTX_METRICS_MAX_HANDLERS", default_value_t = EngineConfig::default().max_handler_labels)]
     pub metrics_max_handlers: usize,
 
+    /// Serve every listener over TLS with this certificate chain (PEM, leaf first); with
+    /// `--tls-key`. Re-read on SIGHUP and when the file changes.
+    #[arg(long, env = "DTX_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// The private key of `--tls-cert` (PEM).
+    #[arg(long, env = "DTX_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+
+    /// Require a client certificate chained to this CA (PEM) on the gRPC and HTTP/JSON
+    /// listeners (mTLS); needs `--tls-cert`.
+    #[arg(long, env = "DTX_TLS_CLIENT_CA", requires = "tls_cert")]
+    pub tls_client_ca: Option<PathBuf>,
+
     /// Most open connections on the gRPC listener (`--listen`); it has its own, so a flood on
     /// another listener cannot take what initiators need. Further connections are closed at
     /// once.
@@ -228,6 +243,15 @@ impl Config {
             hosts.push(host.to_ascii_lowercase());
         }
         hosts
+    }
+
+    /// The listeners' TLS files, if TLS is on.
+    pub fn tls_files(&self) -> Option<crate::tls::TlsFiles> {
+        Some(crate::tls::TlsFiles {
+            cert: self.tls_cert.clone()?,
+            key: self.tls_key.clone()?,
+            client_ca: self.tls_client_ca.clone(),
+        })
     }
 
     pub fn store_options(&self) -> StoreOptions {

@@ -25,5 +25,6 @@ pub mod listen;
 pub mod server;
 pub mod startup;
 pub mod store;
+pub mod tls;
 
 pub use error::{Error, Result};

@@ -22,11 +22,14 @@ use http_body::{Body, Frame, SizeHint};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, watch};
 use tokio::time::Sleep;
+use tokio_rustls::TlsAcceptor;
 use tower::ServiceExt;
+
+use crate::tls::{ServerTls, Shape};
 
 type BoxError = Box<dyn StdError + Send + Sync>;
 
@@ -82,6 +85,9 @@ pub enum Refusal {
     BodyTooLarge,
     /// Still open when the shutdown grace period ended.
     CutAtShutdown,
+    /// A connection to a TLS listener that did not complete the TLS handshake in time (plain
+    /// text, a certificate the listener does not accept, a wrong CA, too slow).
+    TlsHandshake,
 }
 
 impl Refusal {
@@ -93,17 +99,19 @@ impl Refusal {
             Refusal::BodyTimeout => "body_timeout",
             Refusal::BodyTooLarge => "body_too_large",
             Refusal::CutAtShutdown => "cut_at_shutdown",
+            Refusal::TlsHandshake => "tls_handshake",
         }
     }
 
     /// Every reason, for describing the metric.
-    pub const ALL: [Refusal; 6] = [
+    pub const ALL: [Refusal; 7] = [
         Refusal::ConnectionCap,
         Refusal::AcceptFailed,
         Refusal::HeaderTimeout,
         Refusal::BodyTimeout,
         Refusal::BodyTooLarge,
         Refusal::CutAtShutdown,
+        Refusal::TlsHandshake,
     ];
 }
 
@@ -120,6 +128,9 @@ pub struct Listener {
     pub protocol: Protocol,
     pub limits: Limits,
     pub router: axum::Router,
+    /// TLS for every connection (and whether this listener asks for client certificates);
+    /// `None`: plain text.
+    pub tls: Option<(Arc<ServerTls>, bool)>,
 }
 
 /// A request body that could not be read whole; the handler's answer says which limit.
@@ -194,7 +205,15 @@ pub async fn serve(
         protocol,
         limits,
         router,
+        tls,
     } = listener;
+    let tls = tls.map(|(tls, client_auth)| {
+        let shape = Shape {
+            h2: protocol == Protocol::Grpc,
+            client_auth,
+        };
+        (tls, shape)
+    });
     let events = Arc::new(Events {
         listener: name,
         report,
@@ -244,8 +263,25 @@ pub async fn serve(
             }
         }));
         let (builder, events, mut drain) = (builder.clone(), events.clone(), drain.clone());
+        let tls = tls.clone();
         tokio::spawn(async move {
             let _permit = permit;
+            let stream = match tls {
+                None => Stream::Plain(stream),
+                Some((tls, shape)) => {
+                    let handshake = handshake(stream, &tls, shape, protocol, limits.header_timeout);
+                    match handshake.await {
+                        Ok(stream) => Stream::Tls(Box::new(stream)),
+                        Err(why) => {
+                            events.refused(
+                                Refusal::TlsHandshake,
+                                &format_args!("closed a connection without TLS: {why}"),
+                            );
+                            return;
+                        }
+                    }
+                }
+            };
             let connection = builder.serve_connection(TokioIo::new(stream), service);
             tokio::pin!(connection);
             let served = tokio::select! {
@@ -326,6 +362,117 @@ fn builder(protocol: Protocol, limits: Limits) -> auto::Builder<TokioExecutor> {
         }
     }
     builder
+}
+
+/// The TLS handshake of a new connection, within `timeout`. A plain-text HTTP request to an
+/// HTTP listener is answered with a 400 saying the listener speaks TLS.
+async fn handshake(
+    stream: TcpStream,
+    tls: &ServerTls,
+    shape: Shape,
+    protocol: Protocol,
+    timeout: Duration,
+) -> Result<tokio_rustls::server::TlsStream<TcpStream>, String> {
+    let mut stream = stream;
+    let mut first = [0u8; 1];
+    // A TLS connection opens with a handshake record (content type 22).
+    let peeked = tokio::time::timeout(timeout, stream.peek(&mut first)).await;
+    if !matches!(peeked, Ok(Ok(1))) {
+        return Err("nothing arrived within the header timeout".into());
+    }
+    if first[0] != 0x16 {
+        if protocol == Protocol::Http && first[0].is_ascii_uppercase() {
+            let body = "this listener speaks TLS only: use https://\n";
+            let answer = format!(
+                "HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain\r\nconnection: close\r\n\
+                 content-length: {}\r\n\r\n{body}",
+                body.len()
+            );
+            // Read what the client sent before closing: closing on unread data resets the
+            // connection, and the client may never see the answer.
+            let answer_then_close = async {
+                stream.write_all(answer.as_bytes()).await?;
+                stream.shutdown().await?;
+                let mut sink = [0u8; 4096];
+                while stream.read(&mut sink).await? > 0 {}
+                Ok::<_, std::io::Error>(())
+            };
+            tokio::time::timeout(Duration::from_secs(1), answer_then_close)
+                .await
+                .ok();
+        }
+        return Err("the client spoke plain text".into());
+    }
+    let accept = TlsAcceptor::from(tls.config(shape)).accept(stream);
+    match tokio::time::timeout(timeout, accept).await {
+        Ok(Ok(stream)) => Ok(stream),
+        Ok(Err(e)) => Err(format!("TLS handshake failed: {e}")),
+        Err(_) => Err("the TLS handshake did not finish within the header timeout".into()),
+    }
+}
+
+/// A served connection, plain or TLS.
+enum Stream {
+    Plain(TcpStream),
+    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
+}
+
+impl AsyncRead for Stream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Stream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            Stream::Plain(s) => s.is_write_vectored(),
+            Stream::Tls(s) => s.is_write_vectored(),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_flush(cx),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
 }
 
 /// Whether a connection ended because its request head did not arrive in time.

@@ -37,6 +37,17 @@ pub async fn run(
         "coordinator serving"
     );
 
+    let tls = startup::tls(&config)?;
+    if let Some(tls) = &tls {
+        tracing::info!(
+            mtls = tls.requires_client_certificates(),
+            "TLS on every listener (client certificates required on gRPC and HTTP/JSON: {})",
+            tls.requires_client_certificates()
+        );
+    }
+    // Client certificates are asked for on the APIs, not on the console and metrics (browsers
+    // and scrapers).
+    let tls_for = |client_auth: bool| tls.clone().map(|tls| (tls, client_auth));
     let http = |max_connections, max_body_bytes| Limits {
         max_connections,
         header_timeout: config.header_timeout,
@@ -56,6 +67,7 @@ pub async fn run(
             max_body_bytes: None,
         },
         router: grpc_router(&engine).await?,
+        tls: tls_for(true),
     }];
     if let Some(addr) = config.http_listen {
         let socket = startup::bind(addr, "--http-listen").await?;
@@ -67,6 +79,7 @@ pub async fn run(
             protocol: Protocol::Http,
             limits: http(config.http_max_connections, crate::http_api::MAX_BODY_BYTES),
             router: crate::http_api::router(engine.clone()),
+            tls: tls_for(true),
         });
     }
     if let Some(addr) = config.admin_listen {
@@ -83,6 +96,7 @@ pub async fn run(
             protocol: Protocol::Http,
             limits: http(config.admin_max_connections, CONSOLE_MAX_BODY),
             router: crate::console::router(engine.clone(), config.console_hosts()),
+            tls: tls_for(false),
         });
     }
     if let Some(addr) = config.metrics_listen {
@@ -94,6 +108,7 @@ pub async fn run(
             protocol: Protocol::Http,
             limits: http(config.metrics_max_connections, 0),
             router: metrics_router(engine.clone()),
+            tls: tls_for(false),
         });
     }
     check_descriptor_budget(&listeners, config.db_connections);
@@ -109,6 +124,9 @@ pub async fn run(
     let reasons = listen::Refusal::ALL.map(listen::Refusal::as_str);
     for listener in &listeners {
         engine.metrics().listener_serving(listener.name, &reasons);
+    }
+    if let Some(tls) = tls {
+        tokio::spawn(tls.watch(stopped.clone()));
     }
     let served: Vec<_> = listeners
         .into_iter()

@@ -33,6 +33,24 @@ impl StartFailure {
     }
 }
 
+/// The listeners' TLS configuration, if `--tls-cert` is given; unreadable files stop the start
+/// with a sentence naming them.
+pub fn tls(
+    config: &crate::config::Config,
+) -> Result<Option<std::sync::Arc<crate::tls::ServerTls>>> {
+    let Some(files) = config.tls_files() else {
+        return Ok(None);
+    };
+    crate::tls::ServerTls::load(files)
+        .map(|tls| Some(std::sync::Arc::new(tls)))
+        .map_err(|e| {
+            StartFailure::Config.error(format!(
+                "{e}. Give PEM files: the certificate chain (leaf first), its private key, and \
+                 for mTLS the clients' CA."
+            ))
+        })
+}
+
 /// Binds `addr` for the listener `flag` configures (`--listen`, `--metrics-listen`, ..).
 pub async fn bind(addr: SocketAddr, flag: &str) -> Result<TcpListener> {
     TcpListener::bind(addr)

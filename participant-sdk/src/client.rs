@@ -42,6 +42,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use dtx_proto::answer::Answer;
+pub use dtx_proto::tls::ClientTls;
 use dtx_proto::trace::{TRACEPARENT, TraceParent};
 use dtx_proto::v1::coordinator_client::CoordinatorClient;
 use dtx_proto::v1::participant_client::ParticipantClient;
@@ -124,15 +125,13 @@ impl TccBranch {
 pub struct Coordinator {
     client: CoordinatorClient<Channel>,
     participants: Arc<RwLock<HashMap<String, ParticipantClient<Channel>>>>,
+    /// TLS for `https://` URLs (the coordinator's and the participants' of direct Trys).
+    tls: Option<Arc<ClientTls>>,
 }
 
-fn endpoint(url: &str) -> Result<Endpoint, Error> {
-    Ok(Endpoint::from_shared(url.to_string())
-        .map_err(|e| {
-            Error::Limit(dtx_proto::limits::LimitError(format!(
-                "{url:?} is not a valid endpoint: {e}"
-            )))
-        })?
+fn endpoint(url: &str, tls: Option<&ClientTls>) -> Result<Endpoint, Error> {
+    Ok(dtx_proto::tls::endpoint(url, tls)
+        .map_err(|e| Error::Limit(dtx_proto::limits::LimitError(e)))?
         .connect_timeout(Duration::from_secs(3))
         .tcp_nodelay(true))
 }
@@ -175,15 +174,33 @@ macro_rules! rpc {
 }
 
 impl Coordinator {
-    /// Connects to the coordinator at `url` (e.g. `http://127.0.0.1:50070`).
+    /// Connects to the coordinator at `url` (e.g. `http://127.0.0.1:50070`; an `https://` URL
+    /// is TLS with the system's roots).
     pub async fn connect(url: &str) -> Result<Self, Error> {
-        Ok(Self::from_channel(endpoint(url)?.connect().await?))
+        Ok(Self::from_channel(endpoint(url, None)?.connect().await?))
+    }
+
+    /// Connects to the coordinator at an `https://` `url` with `tls` (its CA, and a client
+    /// certificate where the coordinator requires one), which also serves the direct Trys to
+    /// `https://` participants.
+    pub async fn connect_tls(url: &str, tls: ClientTls) -> Result<Self, Error> {
+        if !url.starts_with("https://") {
+            return Err(Error::Limit(dtx_proto::limits::LimitError(format!(
+                "{url:?}: TLS settings are for an https:// URL"
+            ))));
+        }
+        let channel = endpoint(url, Some(&tls))?.connect().await?;
+        Ok(Coordinator {
+            tls: Some(Arc::new(tls)),
+            ..Self::from_channel(channel)
+        })
     }
 
     pub fn from_channel(channel: Channel) -> Self {
         Coordinator {
             client: CoordinatorClient::new(channel).max_decoding_message_size(16 * 1024 * 1024),
             participants: Arc::default(),
+            tls: None,
         }
     }
 
@@ -191,7 +208,7 @@ impl Coordinator {
         if let Some(client) = self.participants.read().expect("participants").get(target) {
             return Ok(client.clone());
         }
-        let client = ParticipantClient::new(endpoint(target)?.connect_lazy());
+        let client = ParticipantClient::new(endpoint(target, self.tls.as_deref())?.connect_lazy());
         self.participants
             .write()
             .expect("participants")

@@ -17,6 +17,7 @@ pub mod duration;
 pub mod http;
 pub mod limits;
 pub mod present;
+pub mod tls;
 pub mod trace;
 
 /// Generated code of package `dtx.v1`.

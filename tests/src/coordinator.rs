@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use dtx_coordinator::config::Config;
-use dtx_sdk::client::Coordinator;
+use dtx_sdk::client::{ClientTls, Coordinator};
 use tokio::net::TcpListener;
 use tokio::process::{Child, Command};
 use tokio::sync::oneshot;
@@ -46,6 +46,8 @@ fn config(store: &str, extra: &[&str]) -> Config {
 /// A coordinator running in this process.
 pub struct InProcess {
     pub url: String,
+    /// How clients reach it over TLS (`None`: plain text).
+    pub tls: Option<ClientTls>,
     stop: Option<oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<()>>,
 }
@@ -53,9 +55,15 @@ pub struct InProcess {
 impl InProcess {
     /// Starts a coordinator on `store` (a database URL) with [`FAST`] settings plus `extra` flags.
     pub async fn start(store: &str, extra: &[&str]) -> InProcess {
+        Self::start_with_tls(store, extra, None).await
+    }
+
+    /// Starts one whose `extra` flags turn TLS on (`--tls-cert` ...), reached with `tls`.
+    pub async fn start_with_tls(store: &str, extra: &[&str], tls: Option<ClientTls>) -> InProcess {
         let config = config(store, extra);
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let url = format!("http://{}", listener.local_addr().unwrap());
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let url = format!("{scheme}://{}", listener.local_addr().unwrap());
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {
             dtx_coordinator::server::run(config, listener, async {
@@ -64,16 +72,17 @@ impl InProcess {
             .await
             .expect("coordinator");
         });
-        wait_until_serving(&url).await;
+        wait_until_serving(&url, tls.as_ref()).await;
         InProcess {
             url,
+            tls,
             stop: Some(stop),
             task: Some(task),
         }
     }
 
     pub async fn client(&self) -> Coordinator {
-        Coordinator::connect(&self.url)
+        connect(&self.url, self.tls.as_ref())
             .await
             .expect("connect to coordinator")
     }
@@ -187,7 +196,7 @@ impl Process {
             .spawn()
             .expect("spawn coordinator process");
         let url = format!("http://{addr}");
-        wait_until_serving(&url).await;
+        wait_until_serving(&url, None).await;
         Process { url, addr, child }
     }
 
@@ -258,9 +267,17 @@ pub fn faketime_or_skip(what: &str) -> bool {
     false
 }
 
-async fn wait_until_serving(url: &str) {
+/// A client of the coordinator at `url`, over TLS with `tls` if given.
+pub async fn connect(url: &str, tls: Option<&ClientTls>) -> Result<Coordinator, dtx_sdk::Error> {
+    match tls {
+        Some(tls) => Coordinator::connect_tls(url, tls.clone()).await,
+        None => Coordinator::connect(url).await,
+    }
+}
+
+async fn wait_until_serving(url: &str, tls: Option<&ClientTls>) {
     for _ in 0..200 {
-        if let Ok(c) = Coordinator::connect(url).await {
+        if let Ok(c) = connect(url, tls).await {
             // Serving once an RPC gets an answer (NOT_FOUND is an answer).
             if c.get("probe")
                 .await

@@ -10,6 +10,7 @@ pub mod idempotency;
 pub mod ledger;
 pub mod net;
 pub mod participant;
+pub mod pki;
 pub mod python;
 pub mod scrape;
 pub mod webhook;

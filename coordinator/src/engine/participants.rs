@@ -10,7 +10,7 @@ use dtx_proto::limits::{Transport, transport_of};
 use dtx_proto::trace::TraceParent;
 use dtx_proto::v1::participant_client::ParticipantClient;
 use dtx_proto::v1::{BranchAction, BranchRequest, BranchResponse};
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 use super::http_client::{self, Client};
 use crate::domain::job::CallOutcome;
@@ -42,8 +42,9 @@ impl Participants {
         if let Some(client) = self.clients.read().expect("participants lock").get(target) {
             return Ok(client.clone());
         }
-        let endpoint = Endpoint::from_shared(target.to_string())
-            .map_err(|e| format!("target {target:?} is not a valid endpoint: {e}"))?
+        // `https://` is TLS (the system's roots for now), never plain HTTP/2.
+        let endpoint = dtx_proto::tls::endpoint(target, None)
+            .map_err(|e| format!("target {target:?}: {e}"))?
             .connect_timeout(Duration::from_secs(3))
             .tcp_nodelay(true)
             .http2_keep_alive_interval(Duration::from_secs(30))

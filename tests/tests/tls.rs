@@ -1,0 +1,308 @@
+//! TLS and mTLS on the coordinator's listeners, with certificates made at run time: whole
+//! transactions over TLS and mTLS, the clients that must be refused (plain text, a wrong CA,
+//! no client certificate, one from another CA), the HTTP/JSON listener over TLS, and a
+//! certificate rotation while a call is held.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use dtx_proto::v1::TxStatus;
+use dtx_sdk::client::{ClientTls, Coordinator, TccBranch, TccOptions};
+use dtx_tests::coordinator::InProcess;
+use dtx_tests::db::{TestDb, with_db};
+use dtx_tests::net::free_addr;
+use dtx_tests::participant::payload;
+use dtx_tests::pki::{Ca, Identity};
+use dtx_tests::world::{SCHEMAS, START, bank, debit_alice};
+use rustls::pki_types::{CertificateDer, ServerName};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+type Sqlite = dtx_sql::sqlx::Sqlite;
+
+/// The flags of a coordinator serving `server` (and, with `client_ca`, requiring client
+/// certificates of that CA).
+fn tls_flags(server: &Identity, client_ca: Option<&Ca>) -> Vec<String> {
+    let mut flags = vec![
+        "--tls-cert".to_string(),
+        server.cert.display().to_string(),
+        "--tls-key".into(),
+        server.key.display().to_string(),
+    ];
+    if let Some(ca) = client_ca {
+        flags.extend(["--tls-client-ca".into(), ca.cert().display().to_string()]);
+    }
+    flags
+}
+
+fn trusting(ca: &Ca, identity: Option<&Identity>) -> ClientTls {
+    ClientTls {
+        ca_pem: Some(ca.pem().into_bytes()),
+        system_roots: false,
+        identity: identity.map(|i| (i.cert_pem().into_bytes(), i.key_pem().into_bytes())),
+    }
+}
+
+/// A TCC and a saga through `client`, against the bank at `bank_url`: both settle.
+async fn run_tcc_and_saga(client: &Coordinator, bank_url: &str, tag: &str) {
+    let xid = format!("tcc-{tag}");
+    let options = TccOptions {
+        xid: Some(xid.clone()),
+        ..TccOptions::default()
+    };
+    let tx = client.begin(options).await.unwrap();
+    tx.call(TccBranch::new(bank_url, "transfer", payload("bob", 5)).id("b1"))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let done = client.wait(&xid, Duration::from_secs(10)).await.unwrap();
+    assert_eq!(done.status(), TxStatus::Committed, "{done:?}");
+
+    let saga = format!("saga-{tag}");
+    let outcome = client
+        .saga()
+        .xid(&saga)
+        .step(debit_alice("s1", bank_url, 3))
+        .submit()
+        .await
+        .unwrap()
+        .await_outcome(Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert_eq!(outcome.status(), TxStatus::Succeeded, "{outcome:?}");
+}
+
+/// Whether a client gets an answer from the coordinator (NOT_FOUND counts), within 5 s.
+async fn answers(url: &str, tls: Option<ClientTls>) -> Result<(), String> {
+    let call = async {
+        let client = dtx_tests::coordinator::connect(url, tls.as_ref())
+            .await
+            .map_err(|e| format!("connect: {e}"))?;
+        match client.get("probe").await {
+            Err(dtx_sdk::Error::Transport(e)) => Err(format!("transport: {e}")),
+            Err(dtx_sdk::Error::Rpc(s)) if s.code() == tonic::Code::NotFound => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(5), call)
+        .await
+        .unwrap_or_else(|_| Err("no answer within 5 s".into()))
+}
+
+#[tokio::test]
+async fn transactions_over_tls_and_the_clients_refused() {
+    with_db::<Sqlite, _, _>(SCHEMAS, |db: &'static TestDb<Sqlite>| async move {
+        let dir = tempfile::tempdir().unwrap();
+        let (ca, other) = (Ca::new(dir.path(), "dtx"), Ca::new(dir.path(), "other"));
+        let server = ca.server("server");
+        let (_faults, bank_server) = bank(db).await;
+        let flags = tls_flags(&server, None);
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        let coordinator =
+            InProcess::start_with_tls(&db.url, &flags, Some(trusting(&ca, None))).await;
+        assert!(coordinator.url.starts_with("https://"));
+        run_tcc_and_saga(&coordinator.client().await, &bank_server.url(), "tls").await;
+        assert_eq!(
+            dtx_tests::ledger::account(&db.pool, "bob").await,
+            (START - 5, 0)
+        );
+
+        // Refused: plain text on the TLS port, and a client that trusts another CA.
+        let plain = coordinator.url.replace("https://", "http://");
+        answers(&plain, None)
+            .await
+            .expect_err("plain text answered");
+        let wrong = answers(&coordinator.url, Some(trusting(&other, None))).await;
+        assert!(wrong.is_err(), "a client trusting another CA got an answer");
+        // The system roots do not know a private CA either.
+        answers(&coordinator.url, Some(ClientTls::system()))
+            .await
+            .expect_err("trusted by the system roots");
+        coordinator.stop().await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn mtls_requires_a_client_certificate_of_its_ca() {
+    with_db::<Sqlite, _, _>(SCHEMAS, |db: &'static TestDb<Sqlite>| async move {
+        let dir = tempfile::tempdir().unwrap();
+        let (ca, other) = (Ca::new(dir.path(), "dtx"), Ca::new(dir.path(), "other"));
+        let (server, client) = (ca.server("server"), ca.client("client", "orders"));
+        let stranger = other.client("stranger", "orders");
+        let (_faults, bank_server) = bank(db).await;
+        let flags = tls_flags(&server, Some(&ca));
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        let coordinator =
+            InProcess::start_with_tls(&db.url, &flags, Some(trusting(&ca, Some(&client)))).await;
+        run_tcc_and_saga(&coordinator.client().await, &bank_server.url(), "mtls").await;
+
+        let url = &coordinator.url;
+        answers(url, Some(trusting(&ca, None)))
+            .await
+            .expect_err("answered a client without a certificate");
+        answers(url, Some(trusting(&ca, Some(&stranger))))
+            .await
+            .expect_err("answered a client certificate of another CA");
+        answers(url, Some(trusting(&ca, Some(&client))))
+            .await
+            .expect("answers its own client");
+        coordinator.stop().await;
+    })
+    .await;
+}
+
+/// A TLS client for raw requests: connects to `addr`, presents `identity` if given, and
+/// returns the stream and the server's certificate.
+async fn tls_connect(
+    addr: std::net::SocketAddr,
+    ca: &Ca,
+    identity: Option<&Identity>,
+    alpn: &[u8],
+) -> std::io::Result<(
+    tokio_rustls::client::TlsStream<tokio::net::TcpStream>,
+    CertificateDer<'static>,
+)> {
+    let mut roots = rustls::RootCertStore::empty();
+    let der = CertificateDer::from_pem_slice(ca.pem().as_bytes()).unwrap();
+    roots.add(der).unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots);
+    let mut config = match identity {
+        Some(id) => {
+            use rustls::pki_types::PrivateKeyDer;
+            let cert = CertificateDer::from_pem_slice(id.cert_pem().as_bytes()).unwrap();
+            let key = PrivateKeyDer::from_pem_slice(id.key_pem().as_bytes()).unwrap();
+            builder.with_client_auth_cert(vec![cert], key).unwrap()
+        }
+        None => builder.with_no_client_auth(),
+    };
+    config.alpn_protocols = vec![alpn.to_vec()];
+    let tcp = tokio::net::TcpStream::connect(addr).await?;
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let name = ServerName::try_from("127.0.0.1").unwrap();
+    let stream = connector.connect(name, tcp).await?;
+    let cert = stream.get_ref().1.peer_certificates().unwrap()[0].clone();
+    Ok((stream, cert))
+}
+
+use rustls::pki_types::pem::PemObject;
+
+/// An HTTP/JSON Begin of `xid` on a connection that closes after the answer.
+fn begin_request(xid: &str) -> String {
+    let body = format!("{{\"xid\":\"{xid}\"}}");
+    format!(
+        "POST /dtx.v1.Coordinator/Begin HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+/// The HTTP/JSON listener over mTLS: an HTTPS client with its certificate is answered, one
+/// without is refused in the handshake, and a plain-text request is told to use https://.
+#[tokio::test]
+async fn the_http_listener_speaks_tls_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new(dir.path(), "dtx");
+    let (server, client) = (ca.server("server"), ca.client("client", "orders"));
+    let http = free_addr().await;
+    let mut flags = tls_flags(&server, Some(&ca));
+    flags.extend(["--http-listen".into(), http.to_string()]);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let store = format!("sqlite://{}", dir.path().join("c.db").display());
+    let coordinator =
+        InProcess::start_with_tls(&store, &flags, Some(trusting(&ca, Some(&client)))).await;
+
+    let request = begin_request("t-1");
+    let (mut stream, _) = tls_connect(http, &ca, Some(&client), b"http/1.1")
+        .await
+        .unwrap();
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).await.ok();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+
+    // Without a client certificate: refused (in the handshake, or at the first read).
+    let refused = async {
+        let (mut stream, _) = tls_connect(http, &ca, None, b"http/1.1").await?;
+        stream.write_all(request.as_bytes()).await?;
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).await?;
+        Ok::<_, std::io::Error>(answer)
+    };
+    if let Ok(answer) = refused.await {
+        assert!(!answer.contains("200"), "answered: {answer}");
+    }
+
+    // Plain text: a 400 that says why.
+    let mut plain = tokio::net::TcpStream::connect(http).await.unwrap();
+    plain.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = String::new();
+    plain.read_to_string(&mut answer).await.ok();
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    assert!(answer.contains("use https://"), "{answer}");
+    coordinator.stop().await;
+}
+
+/// Rotation: new certificate files are picked up without a restart; a call held on a
+/// connection made before completes, a new connection gets the new certificate, and a file
+/// that does not parse leaves the new certificate in service.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn certificates_rotate_live() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new(dir.path(), "dtx");
+    let old = ca.server("server");
+    let http = free_addr().await;
+    let mut flags = tls_flags(&old, None);
+    flags.extend(["--http-listen".into(), http.to_string()]);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let store = format!("sqlite://{}", dir.path().join("c.db").display());
+    let coordinator = InProcess::start_with_tls(&store, &flags, Some(trusting(&ca, None))).await;
+    let client = coordinator.client().await;
+    let begin = begin_request("held");
+    let (mut stream, first) = tls_connect(http, &ca, None, b"http/1.1").await.unwrap();
+    stream.write_all(begin.as_bytes()).await.unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).await.ok();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let old_der = CertificateDer::from_pem_slice(old.cert_pem().as_bytes()).unwrap();
+    assert_eq!(first, old_der);
+
+    // A call held across the rotation, on a connection made before it.
+    let held = tokio::spawn(async move { client.wait("held", Duration::from_secs(6)).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    // Replace the files (as cert-manager or certbot would).
+    let new = ca.server("rotated");
+    std::fs::copy(&new.key, &old.key).unwrap();
+    std::fs::copy(&new.cert, &old.cert).unwrap();
+    let new_der = CertificateDer::from_pem_slice(new.cert_pem().as_bytes()).unwrap();
+    let mut seen = first;
+    for _ in 0..100 {
+        let (_, cert) = tls_connect(http, &ca, None, b"http/1.1").await.unwrap();
+        seen = cert;
+        if seen == new_der {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        seen == new_der,
+        "new connections still get the old certificate"
+    );
+
+    // A broken certificate file: the rotated certificate stays in service.
+    std::fs::write(&old.cert, "not a certificate").unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (_, cert) = tls_connect(http, &ca, None, b"http/1.1").await.unwrap();
+    assert!(
+        cert == new_der,
+        "a broken file replaced the certificate in service"
+    );
+
+    let waited = held.await.unwrap().expect("the held call completes");
+    assert_eq!(waited.xid, "held");
+    coordinator.stop().await;
+}
