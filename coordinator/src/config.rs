@@ -140,6 +140,33 @@ pub struct Config {
     #[arg(long, env = "DTX_TLS_CLIENT_CA", requires = "tls_cert")]
     pub tls_client_ca: Option<PathBuf>,
 
+    /// Trust these CAs (PEM) for `https://` branch targets (gRPC with ALPN h2, and HTTP/JSON).
+    /// Without it (or `--participant-system-roots`) an `https://` target is not called.
+    #[arg(long, env = "DTX_PARTICIPANT_CA")]
+    pub participant_ca: Option<PathBuf>,
+
+    /// Trust the system's roots for `https://` branch targets too.
+    #[arg(long, env = "DTX_PARTICIPANT_SYSTEM_ROOTS")]
+    pub participant_system_roots: bool,
+
+    /// Present this certificate (PEM) on every call to an `https://` participant (for
+    /// participants that require the coordinator's certificate); with
+    /// `--participant-client-key`.
+    #[arg(
+        long,
+        env = "DTX_PARTICIPANT_CLIENT_CERT",
+        requires = "participant_client_key"
+    )]
+    pub participant_client_cert: Option<PathBuf>,
+
+    /// The private key (PEM) of `--participant-client-cert`.
+    #[arg(
+        long,
+        env = "DTX_PARTICIPANT_CLIENT_KEY",
+        requires = "participant_client_cert"
+    )]
+    pub participant_client_key: Option<PathBuf>,
+
     /// Most open connections on the gRPC listener (`--listen`); it has its own, so a flood on
     /// another listener cannot take what initiators need. Further connections are closed at
     /// once.

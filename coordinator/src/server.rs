@@ -28,7 +28,9 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<()> {
     let (store, _sqlite_lock) = startup::open_store(&config.store, config.store_options()).await?;
-    let engine = Engine::new(store, config.engine());
+    let mut engine_config = config.engine();
+    engine_config.participant_tls = startup::participant_tls(&config)?;
+    let engine = Engine::new(store, engine_config);
     engine.start_background();
     tracing::info!(
         addr = %listener.local_addr()?,

@@ -51,6 +51,30 @@ pub fn tls(
         })
 }
 
+/// How the coordinator calls `https://` participants: the trust roots and client certificate
+/// of `--participant-*`; `None` when no roots are configured (an `https://` target is then not
+/// called, and says why).
+pub fn participant_tls(
+    config: &crate::config::Config,
+) -> Result<Option<dtx_proto::tls::ClientTls>> {
+    if config.participant_ca.is_none() && !config.participant_system_roots {
+        return Ok(None);
+    }
+    let mut tls = dtx_proto::tls::ClientTls::from_files(
+        config.participant_ca.as_deref(),
+        config.participant_client_cert.as_deref(),
+        config.participant_client_key.as_deref(),
+        [
+            "--participant-ca",
+            "--participant-client-cert",
+            "--participant-client-key",
+        ],
+    )
+    .map_err(|e| StartFailure::Config.error(e))?;
+    tls.system_roots = config.participant_system_roots;
+    Ok(Some(tls))
+}
+
 /// Binds `addr` for the listener `flag` configures (`--listen`, `--metrics-listen`, ..).
 pub async fn bind(addr: SocketAddr, flag: &str) -> Result<TcpListener> {
     TcpListener::bind(addr)

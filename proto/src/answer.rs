@@ -45,8 +45,17 @@ impl Answer {
 
     /// Classifies a status-only answer: always unknown, whatever the code.
     pub fn of_status(status: &Status) -> Answer {
+        // A failed connection's status says "transport error"; its causes say which (a
+        // refused certificate, a connection refused): keep them for the history.
+        let mut causes = String::new();
+        let mut next = std::error::Error::source(status);
+        while let Some(cause) = next {
+            causes.push_str(": ");
+            causes.push_str(&cause.to_string());
+            next = cause.source();
+        }
         Answer::Unknown(format!(
-            "{:?} (a status without a response proves nothing about the effect): {}",
+            "{:?} (a status without a response proves nothing about the effect): {}{causes}",
             status.code(),
             status.message()
         ))

@@ -181,11 +181,58 @@ pub async fn serve_http_json<P>(participant: P) -> String
 where
     P: dtx_proto::v1::participant_server::Participant,
 {
+    let app = http_json_router(participant);
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind port 0");
+    let url = format!("http://{}/dtx/branch", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    url
+}
+
+/// [`serve_http_json`] over TLS with `tls` (requiring client certificates when it has a client
+/// CA), on the coordinator's own serving path: its `https://` URL.
+pub async fn serve_https_json<P>(
+    participant: P,
+    tls: Arc<dtx_coordinator::tls::ServerTls>,
+) -> String
+where
+    P: dtx_proto::v1::participant_server::Participant,
+{
+    use dtx_coordinator::listen::{self, Limits, Listener, Protocol};
+    let socket = TcpListener::bind("127.0.0.1:0").await.expect("bind port 0");
+    let url = format!("https://{}/dtx/branch", socket.local_addr().unwrap());
+    let listener = Listener {
+        name: "participant",
+        cap_flag: "none",
+        socket,
+        protocol: Protocol::Http,
+        limits: Limits {
+            max_connections: 100,
+            header_timeout: std::time::Duration::from_secs(10),
+            body_timeout: None,
+            max_body_bytes: None,
+        },
+        router: http_json_router(participant),
+        tls: Some((tls, true)),
+    };
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        let _serving = stop;
+        let report: listen::Report = Arc::new(|_, _| {});
+        listen::serve(listener, stopped, std::time::Duration::ZERO, report).await
+    });
+    url
+}
+
+/// The participant's `Branch` as `POST /dtx/branch` with JSON.
+fn http_json_router<P>(participant: P) -> axum::Router
+where
+    P: dtx_proto::v1::participant_server::Participant,
+{
     use axum::http::{HeaderMap, StatusCode, header};
     use axum::response::IntoResponse;
     use dtx_proto::http::{PROBLEM_JSON, Problem};
     let participant = Arc::new(participant);
-    let app = axum::Router::new().route(
+    axum::Router::new().route(
         "/dtx/branch",
         axum::routing::post(move |headers: HeaderMap, body: axum::body::Bytes| {
             let participant = participant.clone();
@@ -219,9 +266,5 @@ where
                 }
             }
         }),
-    );
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind port 0");
-    let url = format!("http://{}/dtx/branch", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    url
+    )
 }

@@ -306,3 +306,173 @@ async fn certificates_rotate_live() {
     assert_eq!(waited.xid, "held");
     coordinator.stop().await;
 }
+
+/// The bank serving TLS on `identity`, requiring client certificates of `ca`: its
+/// `https://127.0.0.1:<port>` URL.
+async fn tls_bank(
+    db: &'static TestDb<Sqlite>,
+    identity: &Identity,
+    ca: &Ca,
+) -> (
+    dtx_tests::participant::Faults,
+    dtx_tests::net::RunningServer,
+    String,
+) {
+    use tonic::transport::{Certificate, Identity as TonicIdentity, Server, ServerTlsConfig};
+    dtx_tests::ledger::create_tables(&db.pool).await;
+    for account in ["alice", "bob"] {
+        dtx_tests::ledger::open_account(&db.pool, account, START).await;
+    }
+    let faults = dtx_tests::participant::Faults::default();
+    let tls = ServerTlsConfig::new()
+        .identity(TonicIdentity::from_pem(
+            identity.cert_pem(),
+            identity.key_pem(),
+        ))
+        .client_ca_root(Certificate::from_pem(ca.pem()));
+    let bank = dtx_tests::participant::Bank::new(db.pool.clone(), faults.clone());
+    let server = dtx_tests::net::serve(
+        Server::builder()
+            .tls_config(tls)
+            .unwrap()
+            .add_service(bank.into_service()),
+    )
+    .await;
+    let url = format!("https://127.0.0.1:{}", server.addr.port());
+    (faults, server, url)
+}
+
+/// Both directions over mTLS: the initiator's direct Try and the coordinator's Confirms and
+/// saga actions reach a participant that requires a client certificate. A coordinator that
+/// does not present one is refused by the participant (nothing runs, the step keeps being
+/// retried), and one with no roots for `https://` targets does not call them and says why.
+#[tokio::test]
+async fn participants_are_called_over_mtls() {
+    with_db::<Sqlite, _, _>(SCHEMAS, |db: &'static TestDb<Sqlite>| async move {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = Ca::new(dir.path(), "dtx");
+        let server = ca.server("server");
+        let initiator = ca.client("initiator", "orders");
+        let myself = ca.client("coordinator", "dtx-coordinator");
+        let (_faults, _bank, bank_url) = tls_bank(db, &ca.server("bank"), &ca).await;
+        let mut flags = tls_flags(&server, Some(&ca));
+        let ca_file = ca.cert().display().to_string();
+        flags.extend([
+            "--participant-ca".into(),
+            ca_file.clone(),
+            "--participant-client-cert".into(),
+            myself.cert.display().to_string(),
+            "--participant-client-key".into(),
+            myself.key.display().to_string(),
+        ]);
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        let tls = trusting(&ca, Some(&initiator));
+        let coordinator = InProcess::start_with_tls(&db.url, &flags, Some(tls.clone())).await;
+        run_tcc_and_saga(&coordinator.client().await, &bank_url, "mtls-both").await;
+        assert_eq!(
+            dtx_tests::ledger::account(&db.pool, "alice").await.0,
+            START - 3
+        );
+        coordinator.stop().await;
+
+        // Without its certificate, and without roots: the saga's step is not run.
+        for (extra, says) in [
+            (
+                vec!["--participant-ca", ca_file.as_str()],
+                "CertificateRequired",
+            ),
+            (vec![], "--participant-ca"),
+        ] {
+            let mut flags = tls_flags(&server, Some(&ca));
+            flags.extend(extra.iter().map(|s| s.to_string()));
+            let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+            let coordinator = InProcess::start_with_tls(&db.url, &flags, Some(tls.clone())).await;
+            let client = coordinator.client().await;
+            let xid = format!("refused-{}", extra.len());
+            client
+                .saga()
+                .xid(&xid)
+                .step(debit_alice("s1", &bank_url, 100))
+                .submit()
+                .await
+                .unwrap();
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            let tx = client.get(&xid).await.unwrap();
+            // Refused in the handshake: no answer, retried, then compensated; never sent (no
+            // roots): compensated at once. Never succeeded.
+            assert!(
+                matches!(
+                    tx.status(),
+                    TxStatus::Running | TxStatus::Compensating | TxStatus::Compensated
+                ),
+                "{tx:?}"
+            );
+            let error = &tx.branches[0].last_error;
+            assert!(error.contains(says), "{says:?} not in {error:?}");
+            assert_eq!(
+                dtx_tests::ledger::effects(&db.pool, &xid, "s1", "action").await,
+                0
+            );
+            coordinator.stop().await;
+        }
+    })
+    .await;
+}
+
+/// An HTTP/JSON participant over mTLS: the coordinator's saga actions reach it with the
+/// participant CA and the coordinator's client certificate (ALPN http/1.1).
+#[tokio::test]
+async fn http_json_participants_are_called_over_mtls() {
+    with_db::<Sqlite, _, _>(SCHEMAS, |db: &'static TestDb<Sqlite>| async move {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = Ca::new(dir.path(), "dtx");
+        let myself = ca.client("coordinator", "dtx-coordinator");
+        let bank_identity = ca.server("bank");
+        dtx_tests::ledger::create_tables(&db.pool).await;
+        dtx_tests::ledger::open_account(&db.pool, "alice", START).await;
+        let tls = dtx_coordinator::tls::ServerTls::load(dtx_coordinator::tls::TlsFiles {
+            cert: bank_identity.cert.clone(),
+            key: bank_identity.key.clone(),
+            client_ca: Some(ca.cert()),
+        })
+        .unwrap();
+        let bank = dtx_tests::participant::Bank::new(
+            db.pool.clone(),
+            dtx_tests::participant::Faults::default(),
+        );
+        let url = dtx_tests::net::serve_https_json(bank, Arc::new(tls)).await;
+        let (ca_file, cert, key) = (
+            ca.cert().display().to_string(),
+            myself.cert.display().to_string(),
+            myself.key.display().to_string(),
+        );
+        let flags = [
+            "--participant-ca",
+            &ca_file,
+            "--participant-client-cert",
+            &cert,
+            "--participant-client-key",
+            &key,
+        ];
+        let coordinator = InProcess::start(&db.url, &flags).await;
+        let outcome = coordinator
+            .client()
+            .await
+            .saga()
+            .xid("https-json")
+            .step(debit_alice("s1", &url, 7))
+            .submit()
+            .await
+            .unwrap()
+            .await_outcome(Duration::from_secs(10))
+            .await
+            .unwrap();
+        assert_eq!(outcome.status(), TxStatus::Succeeded, "{outcome:?}");
+        assert_eq!(
+            dtx_tests::ledger::account(&db.pool, "alice").await.0,
+            START - 7
+        );
+        coordinator.stop().await;
+    })
+    .await;
+}

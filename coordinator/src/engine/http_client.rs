@@ -4,8 +4,11 @@
 use std::time::Duration;
 
 use bytes::Bytes;
+use dtx_proto::tls::ClientTls;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::rt::TokioExecutor;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
 pub type Client = hyper_util::client::legacy::Client<
     hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>,
@@ -16,11 +19,59 @@ pub type Client = hyper_util::client::legacy::Client<
 /// `BranchResponse`, whose result is at most 64 KiB before base64).
 const MAX_ANSWER_BYTES: usize = 1 << 20;
 
+/// The client of alert webhooks: the system's roots.
 pub fn client() -> std::io::Result<Client> {
     // Installing fails only when a provider is already installed: either one serves.
     let _ = rustls::crypto::ring::default_provider().install_default();
     let https = hyper_rustls::HttpsConnectorBuilder::new()
         .with_native_roots()?
+        .https_or_http()
+        .enable_http1()
+        .build();
+    Ok(hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build(https))
+}
+
+/// The client of HTTP/JSON participants: `tls`'s roots and client certificate (the system's
+/// roots when `None`; `https://` targets are refused before a call without roots anyway).
+pub fn client_with(tls: Option<&ClientTls>) -> std::io::Result<Client> {
+    let Some(tls) = tls else {
+        return client();
+    };
+    let invalid = |e: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, e);
+    let mut roots = rustls::RootCertStore::empty();
+    if let Some(ca) = &tls.ca_pem {
+        for cert in CertificateDer::pem_slice_iter(ca) {
+            let cert = cert.map_err(|e| invalid(format!("the participant CA: {e}")))?;
+            roots
+                .add(cert)
+                .map_err(|e| invalid(format!("the participant CA: {e}")))?;
+        }
+    }
+    if tls.system_roots {
+        for cert in rustls_native_certs::load_native_certs().certs {
+            roots.add(cert).ok();
+        }
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| invalid(e.to_string()))?
+        .with_root_certificates(roots);
+    let config = match &tls.identity {
+        Some((cert, key)) => {
+            let chain = CertificateDer::pem_slice_iter(cert)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| invalid(format!("the participant client certificate: {e}")))?;
+            let key = PrivateKeyDer::from_pem_slice(key)
+                .map_err(|e| invalid(format!("the participant client key: {e}")))?;
+            builder
+                .with_client_auth_cert(chain, key)
+                .map_err(|e| invalid(format!("the participant client certificate: {e}")))?
+        }
+        None => builder.with_no_client_auth(),
+    };
+    let https = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(config)
         .https_or_http()
         .enable_http1()
         .build();

@@ -64,6 +64,9 @@ pub struct EngineConfig {
     pub alerts: Option<AlertConfig>,
     /// Most handler names labelled apart in the call metrics (the rest share one label).
     pub max_handler_labels: usize,
+    /// Trust roots and client certificate for `https://` participants; `None`: such targets
+    /// are not called (no roots to verify them with).
+    pub participant_tls: Option<dtx_proto::tls::ClientTls>,
 }
 
 impl Default for EngineConfig {
@@ -82,6 +85,7 @@ impl Default for EngineConfig {
             max_clock_skew: Duration::from_secs(1),
             alerts: None,
             max_handler_labels: metrics::DEFAULT_MAX_HANDLER_LABELS,
+            participant_tls: None,
         }
     }
 }
@@ -231,7 +235,7 @@ impl Engine {
         Engine {
             inner: Arc::new(Inner {
                 store,
-                participants: Arc::new(Participants::default()),
+                participants: Arc::new(Participants::new(config.participant_tls.clone())),
                 metrics: Metrics::new(config.max_handler_labels),
                 config,
                 active: Mutex::new(HashMap::new()),

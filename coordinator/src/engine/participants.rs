@@ -7,6 +7,7 @@ use std::time::Duration;
 use dtx_proto::answer::Answer;
 use dtx_proto::http::Problem;
 use dtx_proto::limits::{Transport, transport_of};
+use dtx_proto::tls::ClientTls;
 use dtx_proto::trace::TraceParent;
 use dtx_proto::v1::participant_client::ParticipantClient;
 use dtx_proto::v1::{BranchAction, BranchRequest, BranchResponse};
@@ -31,19 +32,40 @@ pub struct Call {
 /// Connections to participants: one lazily connected HTTP/2 channel per gRPC target
 /// (channels multiplex concurrent calls, so one per target is enough), and one pooled HTTP/1.1
 /// client for every HTTP/JSON target.
-#[derive(Default)]
 pub struct Participants {
     clients: RwLock<HashMap<String, ParticipantClient<Channel>>>,
     http: OnceLock<Result<Client, String>>,
+    /// For `https://` targets; `None`: they are not called.
+    tls: Option<ClientTls>,
 }
 
 impl Participants {
+    pub fn new(tls: Option<ClientTls>) -> Self {
+        Participants {
+            clients: RwLock::default(),
+            http: OnceLock::new(),
+            tls,
+        }
+    }
+
+    /// The TLS of an `https://` target: an error (the call is not made) without trust roots.
+    fn tls_for(&self, target: &str) -> Result<Option<&ClientTls>, String> {
+        if !target.starts_with("https://") {
+            return Ok(None);
+        }
+        self.tls.as_ref().map(Some).ok_or_else(|| {
+            "an https:// target, and no roots to verify it with: start the coordinator with \
+             --participant-ca (or --participant-system-roots)"
+                .to_string()
+        })
+    }
+
     fn client(&self, target: &str) -> Result<ParticipantClient<Channel>, String> {
         if let Some(client) = self.clients.read().expect("participants lock").get(target) {
             return Ok(client.clone());
         }
-        // `https://` is TLS (the system's roots for now), never plain HTTP/2.
-        let endpoint = dtx_proto::tls::endpoint(target, None)
+        // `https://` is TLS with ALPN h2, never plain HTTP/2.
+        let endpoint = dtx_proto::tls::endpoint(target, self.tls_for(target)?)
             .map_err(|e| format!("target {target:?}: {e}"))?
             .connect_timeout(Duration::from_secs(3))
             .tcp_nodelay(true)
@@ -129,10 +151,12 @@ impl Participants {
         let client = self
             .http
             .get_or_init(|| {
-                http_client::client().map_err(|e| format!("no HTTP client for participants: {e}"))
+                http_client::client_with(self.tls.as_ref())
+                    .map_err(|e| format!("no HTTP client for participants: {e}"))
             })
             .as_ref()
             .map_err(Clone::clone)?;
+        self.tls_for(target)?;
         let body = serde_json::to_vec(&request).map_err(|e| format!("encoding the call: {e}"))?;
         let mut headers = vec![("accept", "application/json".to_string())];
         if let Some(trace) = trace {
