@@ -6,16 +6,19 @@ use std::net::SocketAddr;
 use std::process::Stdio;
 use std::time::Duration;
 
-use dtx_sdk::client::Coordinator;
+use dtx_sdk::client::{ClientTls, Coordinator};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::process::{Child, Command};
 
 use crate::Error;
+use crate::tls::BenchTls;
 
 /// A running coordinator process; killed if dropped without [`CoordinatorProcess::stop`].
 pub struct CoordinatorProcess {
     pub url: String,
+    client_tls: Option<ClientTls>,
+    scrape_tls: Option<std::sync::Arc<rustls::ClientConfig>>,
     metrics: SocketAddr,
     child: Child,
 }
@@ -32,11 +35,13 @@ async fn free_addr() -> Result<SocketAddr, Error> {
 }
 
 impl CoordinatorProcess {
-    /// Starts this executable's `coordinator` mode on `store` with default settings.
-    pub async fn start(store: &str) -> Result<Self, Error> {
+    /// Starts this executable's `coordinator` mode on `store` with default settings (and
+    /// TLS and mTLS on every hop with `tls`).
+    pub async fn start(store: &str, tls: Option<&BenchTls>) -> Result<Self, Error> {
         let (listen, metrics) = (free_addr().await?, free_addr().await?);
         let child = Command::new(std::env::current_exe()?)
             .args(["coordinator", "--store", store])
+            .args(tls.map(BenchTls::coordinator_flags).unwrap_or_default())
             .args(["--listen", &listen.to_string()])
             .args(["--metrics-listen", &metrics.to_string()])
             .env(
@@ -46,8 +51,11 @@ impl CoordinatorProcess {
             .stdout(Stdio::null())
             .kill_on_drop(true)
             .spawn()?;
+        let scheme = if tls.is_some() { "https" } else { "http" };
         let process = CoordinatorProcess {
-            url: format!("http://{listen}"),
+            url: format!("{scheme}://{listen}"),
+            client_tls: tls.map(BenchTls::client),
+            scrape_tls: tls.map(BenchTls::scraper),
             metrics,
             child,
         };
@@ -57,7 +65,7 @@ impl CoordinatorProcess {
 
     async fn wait_until_serving(&self) -> Result<(), Error> {
         for _ in 0..200 {
-            if let Ok(client) = Coordinator::connect(&self.url).await {
+            if let Ok(client) = self.client().await {
                 // Serving once an RPC gets an answer (NOT_FOUND is one).
                 if client
                     .get("probe")
@@ -75,18 +83,31 @@ impl CoordinatorProcess {
         )))
     }
 
+    /// A client of it (over mTLS if it serves TLS).
+    pub async fn client(&self) -> Result<Coordinator, dtx_sdk::Error> {
+        match &self.client_tls {
+            Some(tls) => Coordinator::connect_tls(&self.url, tls.clone()).await,
+            None => Coordinator::connect(&self.url).await,
+        }
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.id().unwrap_or(0)
     }
 
     /// Store commits and writes so far.
     pub async fn counters(&self) -> Result<StoreCounters, Error> {
-        let mut socket = TcpStream::connect(self.metrics).await?;
-        socket
-            .write_all(b"GET /metrics HTTP/1.1\r\nhost: bench\r\nconnection: close\r\n\r\n")
-            .await?;
-        let mut text = String::new();
-        socket.read_to_string(&mut text).await?;
+        let socket = TcpStream::connect(self.metrics).await?;
+        // The metrics listener serves TLS too when the coordinator does.
+        let text = match &self.scrape_tls {
+            None => scrape(socket).await?,
+            Some(config) => {
+                let name = rustls::pki_types::ServerName::try_from("127.0.0.1")
+                    .map_err(|e| Error::Setup(e.to_string()))?;
+                let connector = tokio_rustls::TlsConnector::from(config.clone());
+                scrape(connector.connect(name, socket).await?).await?
+            }
+        };
         let value = |name: &str| {
             text.lines()
                 .find_map(|line| line.strip_prefix(name)?.trim().parse().ok())
@@ -128,6 +149,18 @@ impl CoordinatorProcess {
         }
         Ok(())
     }
+}
+
+/// `GET /metrics` on a connection: the answer's text.
+async fn scrape(
+    mut socket: impl tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+) -> std::io::Result<String> {
+    socket
+        .write_all(b"GET /metrics HTTP/1.1\r\nhost: bench\r\nconnection: close\r\n\r\n")
+        .await?;
+    let mut text = String::new();
+    socket.read_to_string(&mut text).await?;
+    Ok(text)
 }
 
 fn proc_status_kib(pid: u32, field: &str) -> Result<u64, Error> {

@@ -159,10 +159,14 @@ impl<DB: Backend> RawInserts<DB> {
 
 /// Opens the business database with the barrier and the rows table, and serves the rows
 /// participant on it; returns its URL.
-pub async fn serve_rows<DB: Backend>(url: &str, connections: u32) -> Result<String, Error> {
+pub async fn serve_rows<DB: Backend>(
+    url: &str,
+    connections: u32,
+    tls: Option<&crate::tls::BenchTls>,
+) -> Result<String, Error> {
     let pool: Pool<DB> = DB::connect(url, connections).await?;
     dtx_sdk::migrate_barrier(&pool).await?;
     DB::execute_script(&pool, ROWS_TABLE.to_string()).await?;
     let server = participants::rows_participant(pool);
-    participants::serve(server.into_service()).await
+    participants::serve(server.into_service(), tls).await
 }

@@ -14,6 +14,7 @@ mod memory;
 mod participants;
 mod report;
 mod stats;
+mod tls;
 mod workload;
 
 use std::path::PathBuf;
@@ -84,6 +85,11 @@ struct Args {
     /// Where the JSON results go.
     #[arg(long, default_value = "target/dtx-bench/results.json")]
     out: PathBuf,
+    /// Also run every workload with TLS and mTLS on every hop (initiator, coordinator,
+    /// participants; certificates made at run time), after the plain-text sweep at the same
+    /// client counts: rows named `<workload>+tls`, against the same baselines.
+    #[arg(long)]
+    tls: bool,
     /// A few seconds per store to check the bench works (2 clients, 1 s per workload, 200
     /// transactions in flight); exits non-zero on any error.
     #[arg(long)]
@@ -179,22 +185,17 @@ async fn bench_store(args: &Args, store: Store, admin: &str) -> Result<StoreRepo
             .collect::<Vec<_>>()
             .join(" ")
     );
-    let (noop, gate) = participants::serve_noop().await?;
+    let (noop, gate) = participants::serve_noop(None).await?;
     gate.open();
-    let pool = MAX_POOL as u32;
-    let rows = match store {
-        Store::Sqlite => database::serve_rows::<sqlx::Sqlite>(&db.business_url, pool).await?,
-        Store::Postgres => database::serve_rows::<sqlx::Postgres>(&db.business_url, pool).await?,
-        Store::Mysql => database::serve_rows::<sqlx::MySql>(&db.business_url, pool).await?,
-    };
+    let rows = serve_rows(store, &db.business_url, None).await?;
     let targets = Arc::new(Targets { noop, rows });
     let (warmup, window) = (
         Duration::from_secs_f64(args.warmup),
         Duration::from_secs_f64(args.seconds),
     );
 
-    let process = CoordinatorProcess::start(&db.store_url).await?;
-    let client = Coordinator::connect(&process.url).await?;
+    let process = CoordinatorProcess::start(&db.store_url, None).await?;
+    let client = process.client().await?;
     let harness = Harness {
         store,
         process: &process,
@@ -205,6 +206,7 @@ async fn bench_store(args: &Args, store: Store, admin: &str) -> Result<StoreRepo
     };
     println!("{}", report::HEADER);
     let mut rows = Vec::new();
+    let mut baselines = Vec::new();
     for &clients in &args.clients {
         let raw = baseline::raw_inserts(store, &db.raw_url, clients, warmup, window);
         let (raw, raw_cpu) = harness.charged(raw).await?;
@@ -231,6 +233,7 @@ async fn bench_store(args: &Args, store: Store, admin: &str) -> Result<StoreRepo
             }
             rows.push(r);
         }
+        baselines.push((clients, raw, floor));
     }
     let commit_to_confirmed = workload::commit_to_confirmed(&client, &targets.noop, 200)
         .await
@@ -241,13 +244,47 @@ async fn bench_store(args: &Args, store: Store, admin: &str) -> Result<StoreRepo
     );
     process.stop().await?;
 
+    if args.tls {
+        let tls = tls::BenchTls::new()?;
+        let (noop, tls_gate) = participants::serve_noop(Some(&tls)).await?;
+        tls_gate.open();
+        let rows_url = serve_rows(store, &db.business_url, Some(&tls)).await?;
+        let targets = Arc::new(Targets {
+            noop,
+            rows: rows_url,
+        });
+        let process = CoordinatorProcess::start(&db.store_url, Some(&tls)).await?;
+        let client = process.client().await?;
+        let harness = Harness {
+            store,
+            process: &process,
+            client: &client,
+            targets: &targets,
+            warmup,
+            window,
+        };
+        for (clients, raw, floor) in &baselines {
+            for &w in &args.workloads {
+                let mut r = harness.measure(*clients, w, raw, floor).await?;
+                // Named once per workload for the whole run (a bench process, not a server).
+                r.workload = Box::leak(format!("{}+tls", w.name()).into_boxed_str());
+                println!("{}", r.line());
+                if let Some(e) = &r.first_error {
+                    println!("    first error: {e}");
+                }
+                rows.push(r);
+            }
+        }
+        process.stop().await?;
+    }
+
     let mut memory = Vec::new();
     if args.memory_tx > 0 {
         for kind in ["saga", "tcc"] {
             // A fresh process: the figure is what in-flight work costs, not what earlier
             // sweeps left in the allocator.
-            let process = CoordinatorProcess::start(&db.store_url).await?;
-            let client = Coordinator::connect(&process.url).await?;
+            let process = CoordinatorProcess::start(&db.store_url, None).await?;
+            let client = process.client().await?;
             let (n, noop) = (args.memory_tx, targets.noop.as_str());
             let figure = if kind == "saga" {
                 memory::measure(kind, &process, &gate, n, 1, memory::saga(&client, noop)).await?
@@ -266,6 +303,16 @@ async fn bench_store(args: &Args, store: Store, admin: &str) -> Result<StoreRepo
         commit_to_confirmed,
         memory,
     })
+}
+
+/// Serves the rows participant on the business database (over mTLS with `tls`).
+async fn serve_rows(store: Store, url: &str, tls: Option<&tls::BenchTls>) -> Result<String, Error> {
+    let pool = MAX_POOL as u32;
+    match store {
+        Store::Sqlite => database::serve_rows::<sqlx::Sqlite>(url, pool, tls).await,
+        Store::Postgres => database::serve_rows::<sqlx::Postgres>(url, pool, tls).await,
+        Store::Mysql => database::serve_rows::<sqlx::MySql>(url, pool, tls).await,
+    }
 }
 
 /// What every measured point of one store shares.

@@ -25,6 +25,7 @@ use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status};
 
 use crate::Error;
+use crate::tls::BenchTls;
 
 /// Handler names the workloads address.
 pub const NOOP: &str = "noop";
@@ -105,11 +106,21 @@ impl Participant for NoopParticipant {
 
 /// Serves `service` on a fresh loopback port; returns its URL. Concurrent streams are not
 /// capped (the memory test holds 10,000 calls open on one connection).
-pub async fn serve<S: Participant>(service: SizeGuard<WireServer<S>>) -> Result<String, Error> {
+pub async fn serve<S: Participant>(
+    service: SizeGuard<WireServer<S>>,
+    tls: Option<&BenchTls>,
+) -> Result<String, Error> {
     let listener = TcpListener::bind("127.0.0.1:0").await?;
-    let url = format!("http://{}", listener.local_addr()?);
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let url = format!("{scheme}://{}", listener.local_addr()?);
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = tls {
+        builder = builder
+            .tls_config(tls.participant())
+            .map_err(|e| Error::Setup(format!("participant TLS: {e}")))?;
+    }
     tokio::spawn(
-        tonic::transport::Server::builder()
+        builder
             .max_concurrent_streams(Some(1 << 20))
             // As the coordinator's server: room for a burst of small requests.
             .initial_connection_window_size(Some(16 << 20))
@@ -119,12 +130,15 @@ pub async fn serve<S: Participant>(service: SizeGuard<WireServer<S>>) -> Result<
     Ok(url)
 }
 
-pub async fn serve_noop() -> Result<(String, Gate), Error> {
+pub async fn serve_noop(tls: Option<&BenchTls>) -> Result<(String, Gate), Error> {
     let (participant, gate) = NoopParticipant::new();
     Ok((
-        serve(SizeGuard::new(
-            WireServer::new(participant).max_decoding_message_size(MAX_REQUEST_BYTES),
-        ))
+        serve(
+            SizeGuard::new(
+                WireServer::new(participant).max_decoding_message_size(MAX_REQUEST_BYTES),
+            ),
+            tls,
+        )
         .await?,
         gate,
     ))

@@ -134,6 +134,8 @@ pub struct ParticipantServer<DB: Backend> {
     pool: Pool<DB>,
     handlers: HashMap<String, Handlers<DB::Conn>>,
     conflict_retries: u32,
+    /// Names a caller's TLS certificate must carry; `None`: any caller.
+    callers: Option<Vec<String>>,
 }
 
 impl<DB: Backend> ParticipantServer<DB> {
@@ -144,7 +146,31 @@ impl<DB: Backend> ParticipantServer<DB> {
             pool,
             handlers: HashMap::new(),
             conflict_retries: 5,
+            callers: None,
         }
+    }
+
+    /// Accepts calls only from callers whose TLS client certificate names one of `names` (a
+    /// DNS name among its subject alternative names), e.g. the coordinator's; any other caller
+    /// gets PERMISSION_DENIED and nothing runs. Serve over TLS with a client CA (tonic's
+    /// `ServerTlsConfig::client_ca_root`) so that callers present a verified certificate.
+    pub fn accept_callers<I, S>(mut self, names: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.callers = Some(names.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// Checks the caller (see [`ParticipantServer::accept_callers`]) and returns the request
+    /// with its call's trace context ([`with_call_trace`]): what a service wrapping this server
+    /// calls first.
+    pub fn admit(&self, request: Request<BranchRequest>) -> Result<BranchRequest, Status> {
+        if let Some(names) = &self.callers {
+            check_caller(request.peer_certs().as_deref(), names)?;
+        }
+        Ok(with_call_trace(request))
     }
 
     /// Registers a TCC resource: `name`'s try, confirm and cancel handlers.
@@ -347,9 +373,33 @@ impl<DB: Backend> Participant for ParticipantServer<DB> {
         &self,
         request: Request<BranchRequest>,
     ) -> Result<Response<BranchResponse>, Status> {
-        self.handle(with_call_trace(request))
-            .await
-            .map(Response::new)
+        self.handle(self.admit(request)?).await.map(Response::new)
+    }
+}
+
+/// Whether the caller's verified certificate names one of `names`.
+fn check_caller(
+    certs: Option<&Vec<tonic::transport::CertificateDer<'static>>>,
+    names: &[String],
+) -> Result<(), Status> {
+    let Some(leaf) = certs.and_then(|certs| certs.first()) else {
+        return Err(Status::permission_denied(
+            "this participant accepts only callers with a TLS client certificate",
+        ));
+    };
+    let cert = webpki::EndEntityCert::try_from(leaf).map_err(|e| {
+        Status::permission_denied(format!("the caller's certificate cannot be read: {e}"))
+    })?;
+    let named = names.iter().any(|name| {
+        rustls_pki_types::ServerName::try_from(name.as_str())
+            .is_ok_and(|name| cert.verify_is_valid_for_subject_name(&name).is_ok())
+    });
+    if named {
+        Ok(())
+    } else {
+        Err(Status::permission_denied(format!(
+            "the caller's certificate names none of the accepted callers {names:?}"
+        )))
     }
 }
 

@@ -445,8 +445,17 @@ pub struct Bank<DB: Backend> {
 
 impl<DB: Backend> Bank<DB> {
     pub fn new(pool: Pool<DB>, faults: Faults) -> Self {
+        Self::accepting(pool, faults, None)
+    }
+
+    /// A bank that takes calls only from callers whose certificate names one of `callers`.
+    pub fn accepting(pool: Pool<DB>, faults: Faults, callers: Option<&[&str]>) -> Self {
         let handler_faults = HandlerFaults::default();
-        let inner = ParticipantServer::new(pool)
+        let mut inner = ParticipantServer::new(pool);
+        if let Some(callers) = callers {
+            inner = inner.accept_callers(callers.iter().copied());
+        }
+        let inner = inner
             .tcc(
                 "transfer",
                 ledger_handler(handler_faults.clone()),
@@ -538,7 +547,7 @@ impl<DB: Backend> Participant for Bank<DB> {
         request: Request<BranchRequest>,
     ) -> Result<Response<BranchResponse>, Status> {
         let peer = request.remote_addr();
-        let request = dtx_sdk::server::with_call_trace(request);
+        let request = self.inner.admit(request)?;
         let Some(action) = Action::from_wire(request.action) else {
             return self.deliver(request).await.map(Response::new);
         };

@@ -309,15 +309,24 @@ async fn certificates_rotate_live() {
 
 /// The bank serving TLS on `identity`, requiring client certificates of `ca`: its
 /// `https://127.0.0.1:<port>` URL.
-async fn tls_bank(
-    db: &'static TestDb<Sqlite>,
-    identity: &Identity,
-    ca: &Ca,
-) -> (
+async fn tls_bank(db: &'static TestDb<Sqlite>, identity: &Identity, ca: &Ca) -> TlsBank {
+    tls_bank_accepting(db, identity, ca, None).await
+}
+
+/// The bank's faults, its server (stops when dropped) and URL.
+type TlsBank = (
     dtx_tests::participant::Faults,
     dtx_tests::net::RunningServer,
     String,
-) {
+);
+
+/// [`tls_bank`] taking calls only from certificates naming one of `callers`.
+async fn tls_bank_accepting(
+    db: &'static TestDb<Sqlite>,
+    identity: &Identity,
+    ca: &Ca,
+    callers: Option<&[&str]>,
+) -> TlsBank {
     use tonic::transport::{Certificate, Identity as TonicIdentity, Server, ServerTlsConfig};
     dtx_tests::ledger::create_tables(&db.pool).await;
     for account in ["alice", "bob"] {
@@ -330,7 +339,7 @@ async fn tls_bank(
             identity.key_pem(),
         ))
         .client_ca_root(Certificate::from_pem(ca.pem()));
-    let bank = dtx_tests::participant::Bank::new(db.pool.clone(), faults.clone());
+    let bank = dtx_tests::participant::Bank::accepting(db.pool.clone(), faults.clone(), callers);
     let server = dtx_tests::net::serve(
         Server::builder()
             .tls_config(tls)
@@ -473,6 +482,62 @@ async fn http_json_participants_are_called_over_mtls() {
             START - 7
         );
         coordinator.stop().await;
+    })
+    .await;
+}
+
+/// A participant that accepts only the coordinator's identity (`accept_callers`): a
+/// coordinator whose certificate (of the same CA) names another service is refused with
+/// PERMISSION_DENIED and nothing runs; the real one is served.
+#[tokio::test]
+async fn a_participant_refuses_a_coordinator_of_another_name() {
+    with_db::<Sqlite, _, _>(SCHEMAS, |db: &'static TestDb<Sqlite>| async move {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = Ca::new(dir.path(), "dtx");
+        let accepted: &[&str] = &["dtx-coordinator"];
+        let (_faults, _bank, bank_url) =
+            tls_bank_accepting(db, &ca.server("bank"), &ca, Some(accepted)).await;
+        let ca_file = ca.cert().display().to_string();
+        for (name, succeeds) in [("imposter", false), ("dtx-coordinator", true)] {
+            let identity = ca.client(name, name);
+            let (cert, key) = (
+                identity.cert.display().to_string(),
+                identity.key.display().to_string(),
+            );
+            let flags = [
+                "--participant-ca",
+                &ca_file,
+                "--participant-client-cert",
+                &cert,
+                "--participant-client-key",
+                &key,
+            ];
+            let coordinator = InProcess::start(&db.url, &flags).await;
+            let client = coordinator.client().await;
+            let xid = format!("caller-{name}");
+            client
+                .saga()
+                .xid(&xid)
+                .step(debit_alice("s1", &bank_url, 1))
+                .submit()
+                .await
+                .unwrap();
+            let tx = client.wait(&xid, Duration::from_secs(2)).await.unwrap();
+            let actions = dtx_tests::ledger::effects(&db.pool, &xid, "s1", "action").await;
+            if succeeds {
+                assert_eq!(tx.status(), TxStatus::Succeeded, "{tx:?}");
+                assert_eq!(actions, 1);
+            } else {
+                assert_ne!(tx.status(), TxStatus::Succeeded, "{tx:?}");
+                assert_eq!(actions, 0, "the imposter's call ran");
+                let error = &tx.branches[0].last_error;
+                assert!(
+                    error.contains("names none of the accepted callers"),
+                    "{error}"
+                );
+            }
+            coordinator.stop().await;
+        }
     })
     .await;
 }
