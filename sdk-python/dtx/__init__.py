@@ -5,10 +5,17 @@ service takes part in the same TCC transactions and sagas as Rust ones.
 """
 
 from .barrier import Action, Answer, BarrierError, BranchKey, Detail, Reply, call, request_hash
-from .client import BranchInDoubt, BranchRefused, Coordinator, CoordinatorError, DtxError
+from .client import (
+    BranchInDoubt,
+    BranchRefused,
+    ClientTls,
+    Coordinator,
+    CoordinatorError,
+    DtxError,
+)
 from .db import Database, MySql, Postgres, Sqlite, from_url
 from .limits import LimitError
-from .server import BranchCall, ParticipantServer, Rejected
+from .server import BranchCall, ParticipantServer, Rejected, ServerTls
 
 __all__ = [
     "Action",
@@ -18,6 +25,7 @@ __all__ = [
     "BranchInDoubt",
     "BranchKey",
     "BranchRefused",
+    "ClientTls",
     "Coordinator",
     "CoordinatorError",
     "Database",
@@ -29,6 +37,7 @@ __all__ = [
     "Postgres",
     "Rejected",
     "Reply",
+    "ServerTls",
     "Sqlite",
     "call",
     "from_url",

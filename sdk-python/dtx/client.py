@@ -88,11 +88,50 @@ def _child(traceparent):
     return f"{version}-{trace_id}-{os.urandom(8).hex()}-{flags}"
 
 
-class Coordinator:
-    """A client of the coordinator's gRPC API."""
+class ClientTls:
+    """Whom a TLS client trusts and how it identifies itself (PEM bytes): ``https://`` URLs are
+    TLS with these, ``http://`` ones plain text (TLS settings for them are an error)."""
 
-    def __init__(self, target, channel=None):
-        self.channel = channel or grpc.insecure_channel(_address(target))
+    def __init__(self, ca_pem=None, cert_pem=None, key_pem=None):
+        if (cert_pem is None) != (key_pem is None):
+            raise ValueError("a client certificate and its key go together")
+        self.ca_pem, self.cert_pem, self.key_pem = ca_pem, cert_pem, key_pem
+
+    @classmethod
+    def from_files(cls, ca=None, cert=None, key=None):
+        def read(path):
+            if path is None:
+                return None
+            with open(path, "rb") as f:
+                return f.read()
+
+        return cls(read(ca), read(cert), read(key))
+
+    def credentials(self):
+        # Without a CA, grpc trusts the system's roots.
+        return grpc.ssl_channel_credentials(
+            root_certificates=self.ca_pem, private_key=self.key_pem, certificate_chain=self.cert_pem
+        )
+
+
+def _channel(target, tls):
+    """The channel of a gRPC target: TLS for ``https://`` (the system's roots without ``tls``),
+    plain text for ``http://`` or a bare ``host:port``."""
+    address = _address(target)
+    if target.startswith("https://"):
+        return grpc.secure_channel(address, (tls or ClientTls()).credentials())
+    if tls is not None:
+        raise ValueError(f"{target!r} is plain text (http://): TLS settings are for https://")
+    return grpc.insecure_channel(address)
+
+
+class Coordinator:
+    """A client of the coordinator's gRPC API; ``tls`` (a :class:`ClientTls`) for an
+    ``https://`` coordinator, also used for the direct Trys to ``https://`` participants."""
+
+    def __init__(self, target, channel=None, tls=None):
+        self.channel = channel or _channel(target, tls)
+        self.tls = tls
         self.stub = dtx_pb2_grpc.CoordinatorStub(self.channel)
         self._participants = {}
 
@@ -109,11 +148,11 @@ class Coordinator:
             raise CoordinatorError(e.code(), e.details()) from None
 
     def participant(self, target):
-        address = _address(target)
-        if address not in self._participants:
-            channel = grpc.insecure_channel(address)
-            self._participants[address] = (channel, dtx_pb2_grpc.ParticipantStub(channel))
-        return self._participants[address][1]
+        if target not in self._participants:
+            tls = self.tls if target.startswith("https://") else None
+            channel = _channel(target, tls)
+            self._participants[target] = (channel, dtx_pb2_grpc.ParticipantStub(channel))
+        return self._participants[target][1]
 
     def tcc(self, xid="", timeout_s=60.0, call_timeout_s=10.0, try_retries=3, wait=True):
         """A TCC transaction; use it as a context manager (commit on success, rollback on an

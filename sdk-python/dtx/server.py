@@ -88,6 +88,29 @@ class Rejected(Exception):
         self.code = code
 
 
+class ServerTls:
+    """A participant's TLS identity (PEM bytes) and, for mTLS, the CA the coordinator's client
+    certificate must chain to."""
+
+    def __init__(self, cert_pem, key_pem, client_ca_pem=None):
+        self.cert_pem, self.key_pem, self.client_ca_pem = cert_pem, key_pem, client_ca_pem
+
+    @classmethod
+    def from_files(cls, cert, key, client_ca=None):
+        def read(path):
+            with open(path, "rb") as f:
+                return f.read()
+
+        return cls(read(cert), read(key), read(client_ca) if client_ca else None)
+
+    def credentials(self):
+        return grpc.ssl_server_credentials(
+            [(self.key_pem, self.cert_pem)],
+            root_certificates=self.client_ca_pem,
+            require_client_auth=self.client_ca_pem is not None,
+        )
+
+
 class ParticipantServer(dtx_pb2_grpc.ParticipantServicer):
     """Named TCC trios and saga pairs over one :class:`dtx.db.Database`."""
 
@@ -115,14 +138,19 @@ class ParticipantServer(dtx_pb2_grpc.ParticipantServicer):
         except Rejected as e:
             context.abort(e.code, str(e))
 
-    def serve(self, address="127.0.0.1:0", max_workers=16):
-        """Starts a gRPC server with this service; returns ``(server, port)``."""
+    def serve(self, address="127.0.0.1:0", max_workers=16, tls=None):
+        """Starts a gRPC server with this service; returns ``(server, port)``. With ``tls``
+        (a :class:`ServerTls`) it serves TLS only, and with a client CA it requires the
+        caller's (the coordinator's) certificate."""
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=max_workers),
             options=[("grpc.max_receive_message_length", MAX_REQUEST_BYTES)],
         )
         dtx_pb2_grpc.add_ParticipantServicer_to_server(self, server)
-        port = server.add_insecure_port(address)
+        if tls is None:
+            port = server.add_insecure_port(address)
+        else:
+            port = server.add_secure_port(address, tls.credentials())
         if port == 0:
             raise OSError(f"could not listen on {address}")
         server.start()

@@ -5,6 +5,7 @@ It migrates the barrier on the file, serves the saga steps ``ship`` (writes a le
 succeeds; its compensation writes one too) and ``fail`` (refuses, its write undone) on a free
 port, prints ``listening on PORT`` and serves until stdin closes (so it dies with its parent)."""
 
+import os
 import sys
 
 from conftest import LEDGER, recording, refusing
@@ -22,7 +23,15 @@ def main(path):
         .saga("ship", recording(db, "action"), recording(db, "compensate"))
         .saga("fail", refusing(db, "action"), recording(db, "compensate"))
     )
-    server, port = service.serve()
+    # With DTX_TLS_CERT/KEY (and DTX_TLS_CLIENT_CA for mTLS): TLS only.
+    tls = None
+    if os.environ.get("DTX_TLS_CERT"):
+        tls = dtx.ServerTls.from_files(
+            os.environ["DTX_TLS_CERT"],
+            os.environ["DTX_TLS_KEY"],
+            os.environ.get("DTX_TLS_CLIENT_CA"),
+        )
+    server, port = service.serve(tls=tls)
     print(f"listening on {port}", flush=True)
     sys.stdin.read()
     server.stop(grace=1).wait()

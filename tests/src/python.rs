@@ -67,7 +67,32 @@ pub struct PythonParticipant {
 
 impl PythonParticipant {
     pub fn start(python: &Path, sqlite_file: &Path) -> PythonParticipant {
-        let mut child = Command::new(python)
+        Self::spawn(python, sqlite_file, None)
+    }
+
+    /// One serving TLS with `identity`, requiring client certificates of `client_ca` (mTLS).
+    pub fn start_tls(
+        python: &Path,
+        sqlite_file: &Path,
+        identity: &crate::pki::Identity,
+        client_ca: &Path,
+    ) -> PythonParticipant {
+        Self::spawn(python, sqlite_file, Some((identity, client_ca)))
+    }
+
+    fn spawn(
+        python: &Path,
+        sqlite_file: &Path,
+        tls: Option<(&crate::pki::Identity, &Path)>,
+    ) -> PythonParticipant {
+        let mut command = Command::new(python);
+        if let Some((identity, client_ca)) = tls {
+            command
+                .env("DTX_TLS_CERT", &identity.cert)
+                .env("DTX_TLS_KEY", &identity.key)
+                .env("DTX_TLS_CLIENT_CA", client_ca);
+        }
+        let mut child = command
             .arg(repo().join("sdk-python/tests/participant_app.py"))
             .arg(sqlite_file)
             .stdin(Stdio::piped())
@@ -83,8 +108,9 @@ impl PythonParticipant {
             .trim()
             .strip_prefix("listening on ")
             .unwrap_or_else(|| panic!("the Python participant said {line:?}"));
+        let scheme = if tls.is_some() { "https" } else { "http" };
         PythonParticipant {
-            url: format!("http://127.0.0.1:{port}"),
+            url: format!("{scheme}://127.0.0.1:{port}"),
             child,
         }
     }

@@ -114,3 +114,98 @@ async fn rust_and_python_migrate_one_database<DB: TestBackend>(db: &'static Test
     python_migrate(&python, &db.url);
 }
 test_on_all_databases!(rust_and_python_migrate_one_database, &[]);
+
+/// The Python package over mTLS in both roles: its participant server serves TLS and requires
+/// the coordinator's certificate (a saga step runs there over `https://`, and a coordinator
+/// without its certificate is refused), and its coordinator client reaches a coordinator that
+/// requires client certificates.
+#[tokio::test]
+async fn python_over_mtls() {
+    let Some(python) = python() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let ca = dtx_tests::pki::Ca::new(dir.path(), "dtx");
+    let py = PythonParticipant::start_tls(
+        &python,
+        &dir.path().join("python-participant.db"),
+        &ca.server("python"),
+        &ca.cert(),
+    );
+    assert!(py.url.starts_with("https://"));
+    let (server, myself) = (
+        ca.server("server"),
+        ca.client("coordinator", "dtx-coordinator"),
+    );
+    let client = ca.client("initiator", "orders");
+    let path = |p: &std::path::Path| p.display().to_string();
+    let (ca_file, store) = (
+        path(&ca.cert()),
+        format!("sqlite://{}", dir.path().join("c.db").display()),
+    );
+    let base = [
+        "--tls-cert".to_string(),
+        path(&server.cert),
+        "--tls-key".into(),
+        path(&server.key),
+        "--tls-client-ca".into(),
+        ca_file.clone(),
+        "--participant-ca".into(),
+        ca_file.clone(),
+    ];
+    let tls = dtx_sdk::client::ClientTls {
+        ca_pem: Some(ca.pem().into_bytes()),
+        system_roots: false,
+        identity: Some((
+            client.cert_pem().into_bytes(),
+            client.key_pem().into_bytes(),
+        )),
+    };
+    for (with_certificate, status) in [(false, None), (true, Some(TxStatus::Succeeded))] {
+        let mut flags = base.to_vec();
+        if with_certificate {
+            flags.extend([
+                "--participant-client-cert".into(),
+                path(&myself.cert),
+                "--participant-client-key".into(),
+                path(&myself.key),
+            ]);
+        }
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        let coordinator =
+            dtx_tests::coordinator::InProcess::start_with_tls(&store, &flags, Some(tls.clone()))
+                .await;
+        let xid = format!("py-mtls-{with_certificate}");
+        let sdk = coordinator.client().await;
+        sdk.saga()
+            .xid(&xid)
+            .step(SagaStep::new("ship", &py.url, "ship").payload(b"parcel".to_vec()))
+            .submit()
+            .await
+            .unwrap();
+        let tx = sdk.wait(&xid, Duration::from_secs(3)).await.unwrap();
+        match status {
+            Some(status) => assert_eq!(tx.status(), status, "{tx:?}"),
+            None => assert_ne!(tx.status(), TxStatus::Succeeded, "{tx:?}"),
+        }
+
+        // The Python coordinator client, over mTLS, sees the same transaction.
+        let script = "import sys, dtx\n\
+            tls = dtx.ClientTls.from_files(sys.argv[2], sys.argv[3], sys.argv[4])\n\
+            c = dtx.Coordinator(sys.argv[1], tls=tls)\n\
+            print(c.get(sys.argv[5]).xid)";
+        // Not std's blocking call: the coordinator serves on this test's runtime.
+        let out = tokio::process::Command::new(&python)
+            .args(["-c", script, &coordinator.url, &ca_file])
+            .args([path(&client.cert), path(&client.key), xid.clone()])
+            .output()
+            .await
+            .expect("run the Python client");
+        let printed = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(
+            printed.trim(),
+            xid,
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        coordinator.stop().await;
+    }
+}
