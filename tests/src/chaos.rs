@@ -78,6 +78,61 @@ pub struct ChaosConfig {
     pub classes: Classes,
     /// The coordinators' `--lease-ms`.
     pub lease_ms: u64,
+    /// TLS and mTLS on every hop (initiator, coordinators, the bank); `None`: plain text.
+    pub tls: Option<Arc<ChaosTls>>,
+}
+
+/// A CA made for the run: the coordinators' flags, what initiators connect with, and the
+/// bank's TLS (requiring the coordinators' certificate).
+#[derive(Debug)]
+pub struct ChaosTls {
+    _dir: tempfile::TempDir,
+    flags: Vec<String>,
+    client: dtx_sdk::client::ClientTls,
+    bank: (String, String, String),
+}
+
+impl ChaosTls {
+    pub fn new() -> ChaosTls {
+        let dir = tempfile::tempdir().expect("a temporary folder");
+        let ca = crate::pki::Ca::new(dir.path(), "chaos");
+        let (server, client) = (ca.server("server"), ca.client("client", "dtx-coordinator"));
+        let path = |p: &std::path::Path| p.display().to_string();
+        let flags = vec![
+            "--tls-cert".into(),
+            path(&server.cert),
+            "--tls-key".into(),
+            path(&server.key),
+            "--tls-client-ca".into(),
+            path(&ca.cert()),
+            "--participant-ca".into(),
+            path(&ca.cert()),
+            "--participant-client-cert".into(),
+            path(&client.cert),
+            "--participant-client-key".into(),
+            path(&client.key),
+        ];
+        let identity = (
+            client.cert_pem().into_bytes(),
+            client.key_pem().into_bytes(),
+        );
+        ChaosTls {
+            client: dtx_sdk::client::ClientTls {
+                ca_pem: Some(ca.pem().into_bytes()),
+                system_roots: false,
+                identity: Some(identity),
+            },
+            bank: (server.cert_pem(), server.key_pem(), ca.pem()),
+            flags,
+            _dir: dir,
+        }
+    }
+}
+
+impl Default for ChaosTls {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl ChaosConfig {
@@ -96,6 +151,7 @@ impl ChaosConfig {
             accounts: 10,
             classes: Classes::all(),
             lease_ms: 1000,
+            tls: None,
         }
     }
 }
@@ -644,14 +700,15 @@ async fn start_coordinator(
         (Some(s), Some(skew)) if s == index => Some(skew.offset.as_str()),
         _ => None,
     };
-    Process::start_with(
-        &cfg.coordinator_bin,
-        store,
-        addr,
-        &["--instance", &name, "--lease-ms", &lease],
-        skew,
-    )
-    .await
+    let mut flags = vec!["--instance", &name, "--lease-ms", &lease];
+    match &cfg.tls {
+        None => Process::start_with(&cfg.coordinator_bin, store, addr, &flags, skew).await,
+        Some(tls) => {
+            flags.extend(tls.flags.iter().map(String::as_str));
+            let client = tls.client.clone();
+            Process::start_with_tls(&cfg.coordinator_bin, store, addr, &flags, skew, client).await
+        }
+    }
 }
 
 /// A free loopback address for a coordinator.
@@ -855,12 +912,23 @@ pub async fn run<DB: TestBackend>(mut cfg: ChaosConfig) -> Option<ChaosReport> {
     }
     let mut faults = Faults::random(cfg.seed, cfg.rates);
     let mut slow_calls = faults.watch_slow_calls();
+    let mut builder = Server::builder();
+    if let Some(tls) = &cfg.tls {
+        use tonic::transport::{Certificate, Identity, ServerTlsConfig};
+        let (cert, key, ca) = &tls.bank;
+        let config = ServerTlsConfig::new()
+            .identity(Identity::from_pem(cert, key))
+            .client_ca_root(Certificate::from_pem(ca));
+        builder = builder.tls_config(config).expect("the bank's TLS");
+    }
     let bank_server = serve(
-        Server::builder()
-            .add_service(Bank::new(bank_db.pool.clone(), faults.clone()).into_http_service()),
+        builder.add_service(Bank::new(bank_db.pool.clone(), faults.clone()).into_http_service()),
     )
     .await;
-    let bank = bank_server.url();
+    let bank = match cfg.tls {
+        Some(_) => bank_server.url().replace("http://", "https://"),
+        None => bank_server.url(),
+    };
 
     let mut processes = Vec::new();
     let mut addrs = Vec::new();

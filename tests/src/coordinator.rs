@@ -110,6 +110,8 @@ impl Drop for InProcess {
 pub struct Process {
     pub url: String,
     pub addr: SocketAddr,
+    /// How clients reach it over TLS (`None`: plain text).
+    pub tls: Option<ClientTls>,
     child: Child,
 }
 
@@ -138,7 +140,20 @@ impl Process {
         extra: &[&str],
         skew: Option<&str>,
     ) -> Process {
-        Self::spawn(bin, store, addr, extra, skew, None).await
+        Self::spawn(bin, store, addr, extra, skew, None, None).await
+    }
+
+    /// [`Process::start_with`] for a coordinator whose `extra` flags turn TLS on, reached with
+    /// `tls`.
+    pub async fn start_with_tls(
+        bin: &str,
+        store: &str,
+        addr: SocketAddr,
+        extra: &[&str],
+        skew: Option<&str>,
+        tls: ClientTls,
+    ) -> Process {
+        Self::spawn(bin, store, addr, extra, skew, None, Some(tls)).await
     }
 
     /// Starts it allowed to open at most `open_files` file descriptors (`ulimit -n`, soft and
@@ -149,7 +164,16 @@ impl Process {
         extra: &[&str],
         open_files: u64,
     ) -> Process {
-        Self::spawn(bin, store, free_addr().await, extra, None, Some(open_files)).await
+        Self::spawn(
+            bin,
+            store,
+            free_addr().await,
+            extra,
+            None,
+            Some(open_files),
+            None,
+        )
+        .await
     }
 
     async fn spawn(
@@ -159,6 +183,7 @@ impl Process {
         extra: &[&str],
         skew: Option<&str>,
         open_files: Option<u64>,
+        tls: Option<ClientTls>,
     ) -> Process {
         let listen = addr.to_string();
         let mut args = vec!["--store", store, "--listen", listen.as_str()];
@@ -195,13 +220,19 @@ impl Process {
             .kill_on_drop(true)
             .spawn()
             .expect("spawn coordinator process");
-        let url = format!("http://{addr}");
-        wait_until_serving(&url, None).await;
-        Process { url, addr, child }
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let url = format!("{scheme}://{addr}");
+        wait_until_serving(&url, tls.as_ref()).await;
+        Process {
+            url,
+            addr,
+            tls,
+            child,
+        }
     }
 
     pub async fn client(&self) -> Coordinator {
-        Coordinator::connect(&self.url)
+        connect(&self.url, self.tls.as_ref())
             .await
             .expect("connect to coordinator")
     }

@@ -66,6 +66,16 @@ async fn chaos_short_sqlite() {
     check(run::<sqlx::Sqlite>(config).await);
 }
 
+/// The short run with TLS and mTLS on every hop: kills, restarts and faults change nothing
+/// of exactly-once when every call is encrypted and every caller presents a certificate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn chaos_short_tls() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let mut config = config("slow,status", 300);
+    config.tls = Some(std::sync::Arc::new(dtx_tests::chaos::ChaosTls::new()));
+    check(run::<sqlx::Postgres>(config).await);
+}
+
 /// Class d: a Cancel delivered after the coordinator's Confirm (and a Confirm after a Cancel)
 /// must be refused without effect by the barrier.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -46,6 +46,9 @@ struct Args {
     /// The coordinators' lease.
     #[arg(long, default_value_t = 1000)]
     lease_ms: u64,
+    /// TLS and mTLS on every hop (initiator, coordinators, the participant).
+    #[arg(long)]
+    tls: bool,
     /// The coordinator binary (default: `test-coordinator` next to this one).
     #[arg(long)]
     coordinator_bin: Option<std::path::PathBuf>,
@@ -97,6 +100,9 @@ async fn main() {
         accounts: 10,
         classes,
         lease_ms: args.lease_ms,
+        tls: args
+            .tls
+            .then(|| std::sync::Arc::new(dtx_tests::chaos::ChaosTls::new())),
     };
     let report = match args.store.as_str() {
         "postgres" => run::<sqlx::Postgres>(config).await,
