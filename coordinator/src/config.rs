@@ -281,6 +281,19 @@ impl Config {
         })
     }
 
+    /// The files of the participant TLS (reloaded when they change).
+    pub fn participant_tls_files(&self) -> Vec<PathBuf> {
+        [
+            &self.participant_ca,
+            &self.participant_client_cert,
+            &self.participant_client_key,
+        ]
+        .into_iter()
+        .flatten()
+        .cloned()
+        .collect()
+    }
+
     pub fn store_options(&self) -> StoreOptions {
         StoreOptions {
             max_batch: self.write_batch.max(1),

@@ -128,7 +128,30 @@ pub async fn run(
         engine.metrics().listener_serving(listener.name, &reasons);
     }
     if let Some(tls) = tls {
-        tokio::spawn(tls.watch(stopped.clone()));
+        let files = tls.files();
+        let reload = move || tls.reload();
+        tokio::spawn(crate::tls::watch(
+            "the listeners' TLS certificate",
+            files,
+            stopped.clone(),
+            reload,
+        ));
+    }
+    let participant_files = config.participant_tls_files();
+    if !participant_files.is_empty() {
+        let (engine, config) = (engine.clone(), config.clone());
+        let reload = move || {
+            let tls = startup::participant_tls(&config).map_err(|e| e.to_string())?;
+            engine.set_participant_tls(tls);
+            Ok(())
+        };
+        let what = "the participant TLS (--participant-ca, --participant-client-cert)";
+        tokio::spawn(crate::tls::watch(
+            what,
+            participant_files,
+            stopped.clone(),
+            reload,
+        ));
     }
     let served: Vec<_> = listeners
         .into_iter()

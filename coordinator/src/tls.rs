@@ -53,7 +53,6 @@ pub struct ServerTls {
 
 struct Loaded {
     configs: [Arc<ServerConfig>; 4],
-    stamps: Vec<Option<SystemTime>>,
 }
 
 impl std::fmt::Debug for ServerTls {
@@ -93,60 +92,74 @@ impl ServerTls {
         Ok(())
     }
 
-    /// Whether a file changed since the configuration in service was read.
-    fn changed(&self) -> bool {
-        let current = self.current.read().unwrap_or_else(|e| e.into_inner());
-        current.stamps != stamps(&self.files)
+    /// The files it reads.
+    pub fn files(&self) -> Vec<PathBuf> {
+        let files = &self.files;
+        [
+            Some(&files.cert),
+            Some(&files.key),
+            files.client_ca.as_ref(),
+        ]
+        .into_iter()
+        .flatten()
+        .cloned()
+        .collect()
     }
+}
 
-    /// Reloads on SIGHUP and when the files change, until `stop` turns true.
-    pub async fn watch(self: Arc<Self>, mut stop: tokio::sync::watch::Receiver<bool>) {
+/// Calls `reload` on SIGHUP and whenever one of `files` changes (checked every 2 s), until
+/// `stop` turns true; `what` names the material in the log. A failed reload is logged (the
+/// caller keeps what it had) and retried at the next change.
+pub async fn watch(
+    what: &'static str,
+    files: Vec<PathBuf>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+    reload: impl Fn() -> Result<(), String> + Send,
+) {
+    let stamps = |files: &[PathBuf]| -> Vec<Option<SystemTime>> {
+        files
+            .iter()
+            .map(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok())
+            .collect()
+    };
+    let mut seen = stamps(&files);
+    #[cfg(unix)]
+    let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+    loop {
         #[cfg(unix)]
-        let mut hangup =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
-        loop {
-            #[cfg(unix)]
-            let why = tokio::select! {
-                _ = async {
-                    match hangup.as_mut() {
-                        Some(h) => { h.recv().await; }
-                        None => std::future::pending::<()>().await,
-                    }
-                } => "SIGHUP",
-                _ = tokio::time::sleep(WATCH_EVERY) => "a file changed",
-                _ = stop.wait_for(|stopping| *stopping) => return,
-            };
-            #[cfg(not(unix))]
-            let why = tokio::select! {
-                _ = tokio::time::sleep(WATCH_EVERY) => "a file changed",
-                _ = stop.wait_for(|stopping| *stopping) => return,
-            };
-            if why != "SIGHUP" && !self.changed() {
-                continue;
-            }
-            match self.reload() {
-                Ok(()) => tracing::info!(
-                    cert = %self.files.cert.display(),
-                    "TLS certificate reloaded ({why}); new connections use it"
-                ),
-                Err(e) => tracing::warn!(
-                    "TLS files not reloaded ({why}), the previous certificate stays in service: {e}"
-                ),
-            }
-            if why != "SIGHUP" {
-                // Do not report the same broken files every two seconds: wait for the next
-                // change.
-                let mut current = self.current.write().unwrap_or_else(|e| e.into_inner());
-                current.stamps = stamps(&self.files);
-            }
+        let why = tokio::select! {
+            _ = async {
+                match hangup.as_mut() {
+                    Some(h) => { h.recv().await; }
+                    None => std::future::pending::<()>().await,
+                }
+            } => "SIGHUP",
+            _ = tokio::time::sleep(WATCH_EVERY) => "a file changed",
+            _ = stop.wait_for(|stopping| *stopping) => return,
+        };
+        #[cfg(not(unix))]
+        let why = tokio::select! {
+            _ = tokio::time::sleep(WATCH_EVERY) => "a file changed",
+            _ = stop.wait_for(|stopping| *stopping) => return,
+        };
+        let now = stamps(&files);
+        if why != "SIGHUP" && now == seen {
+            continue;
+        }
+        // Seen before reading: a change while reading is picked up at the next check, and
+        // broken files are reported once per change, not every two seconds.
+        seen = now;
+        match reload() {
+            Ok(()) => tracing::info!("{what} reloaded ({why}); new connections use it"),
+            Err(e) => tracing::warn!(
+                "{what} not reloaded ({why}), the previous one stays in service: {e}"
+            ),
         }
     }
 }
 
 impl Loaded {
     fn read(files: &TlsFiles) -> Result<Loaded, String> {
-        // Before reading: a change while reading is seen by the next check.
-        let stamps = stamps(files);
         let certs = read_certs(&files.cert, "--tls-cert")?;
         let key = PrivateKeyDer::from_pem_file(&files.key).map_err(|e| {
             format!(
@@ -202,21 +215,8 @@ impl Loaded {
                 build(shape(2))?,
                 build(shape(3))?,
             ],
-            stamps,
         })
     }
-}
-
-fn stamps(files: &TlsFiles) -> Vec<Option<SystemTime>> {
-    [
-        Some(&files.cert),
-        Some(&files.key),
-        files.client_ca.as_ref(),
-    ]
-    .into_iter()
-    .flatten()
-    .map(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok())
-    .collect()
 }
 
 /// The certificates of a PEM file; at least one.

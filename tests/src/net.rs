@@ -189,7 +189,7 @@ where
 }
 
 /// [`serve_http_json`] over TLS with `tls` (requiring client certificates when it has a client
-/// CA), on the coordinator's own serving path: its `https://` URL.
+/// CA): its `https://` URL.
 pub async fn serve_https_json<P>(
     participant: P,
     tls: Arc<dtx_coordinator::tls::ServerTls>,
@@ -197,11 +197,21 @@ pub async fn serve_https_json<P>(
 where
     P: dtx_proto::v1::participant_server::Participant,
 {
+    let addr = serve_tls(http_json_router(participant), tls).await;
+    format!("https://{addr}/dtx/branch")
+}
+
+/// Serves `router` over TLS on a fresh loopback port, on the coordinator's own serving path
+/// (client certificates required when `tls` has a client CA); runs until the process ends.
+pub async fn serve_tls(
+    router: axum::Router,
+    tls: Arc<dtx_coordinator::tls::ServerTls>,
+) -> SocketAddr {
     use dtx_coordinator::listen::{self, Limits, Listener, Protocol};
     let socket = TcpListener::bind("127.0.0.1:0").await.expect("bind port 0");
-    let url = format!("https://{}/dtx/branch", socket.local_addr().unwrap());
+    let addr = socket.local_addr().unwrap();
     let listener = Listener {
-        name: "participant",
+        name: "test",
         cap_flag: "none",
         socket,
         protocol: Protocol::Http,
@@ -211,7 +221,7 @@ where
             body_timeout: None,
             max_body_bytes: None,
         },
-        router: http_json_router(participant),
+        router,
         tls: Some((tls, true)),
     };
     let (stop, stopped) = tokio::sync::watch::channel(false);
@@ -220,7 +230,7 @@ where
         let report: listen::Report = Arc::new(|_, _| {});
         listen::serve(listener, stopped, std::time::Duration::ZERO, report).await
     });
-    url
+    addr
 }
 
 /// The participant's `Branch` as `POST /dtx/branch` with JSON.

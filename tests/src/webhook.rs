@@ -59,6 +59,21 @@ impl Receiver {
         }
     }
 
+    /// On a fresh loopback port over TLS with `tls` (requiring client certificates when it has
+    /// a client CA): its URL is `https://`. Serves until the process ends.
+    pub async fn start_tls(tls: Arc<dtx_coordinator::tls::ServerTls>) -> Receiver {
+        let shared = Arc::new(Shared::default());
+        let app = Router::new()
+            .route("/alerts", post(receive))
+            .with_state(shared.clone());
+        let addr = crate::net::serve_tls(app, tls).await;
+        Receiver {
+            url: url_of(addr).replace("http://", "https://"),
+            shared,
+            task: tokio::spawn(async {}),
+        }
+    }
+
     /// While set, requests are recorded and never answered.
     pub fn hang(&self, hang: bool) {
         self.shared.hang.store(hang, Ordering::SeqCst);

@@ -42,6 +42,31 @@ fn trusting(ca: &Ca, identity: Option<&Identity>) -> ClientTls {
     }
 }
 
+/// The TLS of a test server with `identity`, requiring client certificates of `ca`.
+fn mtls_server(ca: &Ca, identity: &Identity) -> Arc<dtx_coordinator::tls::ServerTls> {
+    let tls = dtx_coordinator::tls::ServerTls::load(dtx_coordinator::tls::TlsFiles {
+        cert: identity.cert.clone(),
+        key: identity.key.clone(),
+        client_ca: Some(ca.cert()),
+    })
+    .unwrap();
+    Arc::new(tls)
+}
+
+/// The coordinator's flags to call `https://` participants and webhooks trusting `ca`, with
+/// `myself` as its client certificate.
+fn participant_flags(ca: &Ca, myself: &Identity) -> Vec<String> {
+    let path = |p: &std::path::Path| p.display().to_string();
+    vec![
+        "--participant-ca".into(),
+        path(&ca.cert()),
+        "--participant-client-cert".into(),
+        path(&myself.cert),
+        "--participant-client-key".into(),
+        path(&myself.key),
+    ]
+}
+
 /// A TCC and a saga through `client`, against the bank at `bank_url`: both settle.
 async fn run_tcc_and_saga(client: &Coordinator, bank_url: &str, tag: &str) {
     let xid = format!("tcc-{tag}");
@@ -439,30 +464,13 @@ async fn http_json_participants_are_called_over_mtls() {
         let bank_identity = ca.server("bank");
         dtx_tests::ledger::create_tables(&db.pool).await;
         dtx_tests::ledger::open_account(&db.pool, "alice", START).await;
-        let tls = dtx_coordinator::tls::ServerTls::load(dtx_coordinator::tls::TlsFiles {
-            cert: bank_identity.cert.clone(),
-            key: bank_identity.key.clone(),
-            client_ca: Some(ca.cert()),
-        })
-        .unwrap();
         let bank = dtx_tests::participant::Bank::new(
             db.pool.clone(),
             dtx_tests::participant::Faults::default(),
         );
-        let url = dtx_tests::net::serve_https_json(bank, Arc::new(tls)).await;
-        let (ca_file, cert, key) = (
-            ca.cert().display().to_string(),
-            myself.cert.display().to_string(),
-            myself.key.display().to_string(),
-        );
-        let flags = [
-            "--participant-ca",
-            &ca_file,
-            "--participant-client-cert",
-            &cert,
-            "--participant-client-key",
-            &key,
-        ];
+        let url = dtx_tests::net::serve_https_json(bank, mtls_server(&ca, &bank_identity)).await;
+        let flags = participant_flags(&ca, &myself);
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
         let coordinator = InProcess::start(&db.url, &flags).await;
         let outcome = coordinator
             .client()
@@ -538,6 +546,92 @@ async fn a_participant_refuses_a_coordinator_of_another_name() {
             }
             coordinator.stop().await;
         }
+    })
+    .await;
+}
+
+/// Alert webhooks over mTLS: a receiver with a private CA that requires the coordinator's
+/// certificate gets the parked alert (the webhook client trusts the participant CA besides the
+/// system's roots, and presents the participant client certificate).
+#[tokio::test]
+async fn alert_webhooks_are_sent_over_mtls() {
+    with_db::<Sqlite, _, _>(SCHEMAS, |db: &'static TestDb<Sqlite>| async move {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = Ca::new(dir.path(), "dtx");
+        let (receiver_identity, myself) = (
+            ca.server("receiver"),
+            ca.client("coordinator", "dtx-coordinator"),
+        );
+        let receiver =
+            dtx_tests::webhook::Receiver::start_tls(mtls_server(&ca, &receiver_identity)).await;
+        assert!(receiver.url.starts_with("https://"), "{}", receiver.url);
+        let mut flags = vec!["--alert-webhook".to_string(), receiver.url.clone()];
+        flags.extend(participant_flags(&ca, &myself));
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        let w = dtx_tests::world::World::start(db, &flags).await;
+        w.park("alerted", "alice", dtx_tests::participant::Fault::Refuse)
+            .await;
+        let mut got = Vec::new();
+        for _ in 0..100 {
+            got = receiver.received();
+            if !got.is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let parked: Vec<_> = got.iter().filter(|r| r.event["xid"] == "alerted").collect();
+        assert!(!parked.is_empty(), "no alert over mTLS: {got:?}");
+    })
+    .await;
+}
+
+/// The coordinator's participant certificate is re-read when its files change: a participant
+/// that accepts only `dtx-coordinator` refuses the first certificate (it names an imposter)
+/// and takes the calls made after the files were replaced, without a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_participant_certificate_reloads() {
+    with_db::<Sqlite, _, _>(SCHEMAS, |db: &'static TestDb<Sqlite>| async move {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = Ca::new(dir.path(), "dtx");
+        let accepted: &[&str] = &["dtx-coordinator"];
+        let (_faults, _bank, bank_url) =
+            tls_bank_accepting(db, &ca.server("bank"), &ca, Some(accepted)).await;
+        let presented = ca.client("presented", "imposter");
+        let flags = participant_flags(&ca, &presented);
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        let coordinator = InProcess::start(&db.url, &flags).await;
+        let client = coordinator.client().await;
+        let saga = |xid: String| {
+            let client = client.clone();
+            let bank_url = bank_url.clone();
+            async move {
+                client
+                    .saga()
+                    .xid(&xid)
+                    .step(debit_alice("s1", &bank_url, 1))
+                    .submit()
+                    .await
+                    .unwrap();
+                client.wait(&xid, Duration::from_secs(1)).await.unwrap()
+            }
+        };
+        let before = saga("before".into()).await;
+        assert_ne!(before.status(), TxStatus::Succeeded, "{before:?}");
+
+        // Replace the files (key first, as a renewal would), no restart.
+        let renewed = ca.client("renewed", "dtx-coordinator");
+        std::fs::copy(&renewed.key, &presented.key).unwrap();
+        std::fs::copy(&renewed.cert, &presented.cert).unwrap();
+        let mut after = None;
+        for i in 0..20 {
+            let tx = saga(format!("after-{i}")).await;
+            if tx.status() == TxStatus::Succeeded {
+                after = Some(tx);
+                break;
+            }
+        }
+        assert!(after.is_some(), "calls still present the old certificate");
+        coordinator.stop().await;
     })
     .await;
 }

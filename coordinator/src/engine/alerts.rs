@@ -14,7 +14,7 @@ use futures::future::join_all;
 use sha2::{Digest, Sha256};
 
 use super::Engine;
-use super::http_client::{Client, client, post_json};
+use super::http_client::{Client, post_json};
 use crate::domain::alert::{About, Alert, AlertKind, AlertRules, redelivery_ms, signature};
 use crate::store::{Delivery, Outgoing};
 
@@ -43,7 +43,13 @@ const STUCK_BATCH: i64 = 100;
 
 pub(super) async fn run(engine: Engine, config: AlertConfig) {
     let inner = &engine.inner;
-    let client = match client() {
+    // Webhooks are often public services: the system's roots, plus the participant CA and the
+    // coordinator's client certificate when they are configured (an internal receiver).
+    let tls = inner.config.participant_tls.clone().map(|mut tls| {
+        tls.system_roots = true;
+        tls
+    });
+    let client = match super::http_client::client_with(tls.as_ref()) {
         Ok(client) => client,
         Err(e) => {
             tracing::error!(error = %e, "cannot build the webhook client; alerts are not sent");

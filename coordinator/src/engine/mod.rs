@@ -252,6 +252,11 @@ impl Engine {
         &self.inner.config
     }
 
+    /// New TLS material for `https://` participants (reloaded files): later calls use it.
+    pub fn set_participant_tls(&self, tls: Option<dtx_proto::tls::ClientTls>) {
+        self.inner.participants.set_tls(tls);
+    }
+
     pub fn metrics(&self) -> &Metrics {
         &self.inner.metrics
     }

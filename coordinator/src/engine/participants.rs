@@ -1,7 +1,7 @@
 //! Calls to participant services, reduced to what the engine needs to know.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{OnceLock, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
 use std::time::Duration;
 
 use dtx_proto::answer::Answer;
@@ -29,19 +29,25 @@ pub struct Call {
     pub timeout: Duration,
 }
 
-/// Connections to participants: one lazily connected HTTP/2 channel per gRPC target
-/// (channels multiplex concurrent calls, so one per target is enough), and one pooled HTTP/1.1
-/// client for every HTTP/JSON target.
+/// Connections to participants, swapped whole when the TLS material changes: later calls
+/// connect with the new certificate, calls in flight finish on their connections.
 pub struct Participants {
+    current: RwLock<Arc<Connections>>,
+}
+
+/// One lazily connected HTTP/2 channel per gRPC target (channels multiplex concurrent calls, so
+/// one per target is enough), and one pooled HTTP/1.1 client for every HTTP/JSON target, all
+/// made with one TLS configuration.
+struct Connections {
     clients: RwLock<HashMap<String, ParticipantClient<Channel>>>,
     http: OnceLock<Result<Client, String>>,
     /// For `https://` targets; `None`: they are not called.
     tls: Option<ClientTls>,
 }
 
-impl Participants {
-    pub fn new(tls: Option<ClientTls>) -> Self {
-        Participants {
+impl Connections {
+    fn new(tls: Option<ClientTls>) -> Self {
+        Connections {
             clients: RwLock::default(),
             http: OnceLock::new(),
             tls,
@@ -77,6 +83,23 @@ impl Participants {
             .expect("participants lock")
             .insert(target.to_string(), client.clone());
         Ok(client)
+    }
+}
+
+impl Participants {
+    pub fn new(tls: Option<ClientTls>) -> Self {
+        Participants {
+            current: RwLock::new(Arc::new(Connections::new(tls))),
+        }
+    }
+
+    /// New trust roots or client certificate for `https://` participants (a reload).
+    pub fn set_tls(&self, tls: Option<ClientTls>) {
+        *self.current.write().expect("participants lock") = Arc::new(Connections::new(tls));
+    }
+
+    fn connections(&self) -> Arc<Connections> {
+        self.current.read().expect("participants lock").clone()
     }
 
     /// Makes one call, bounded by its timeout.
@@ -122,7 +145,7 @@ impl Participants {
         trace: Option<TraceParent>,
         timeout: Duration,
     ) -> Result<Answer, String> {
-        let mut client = self.client(target)?;
+        let mut client = self.connections().client(target)?;
         let mut request = tonic::Request::new(request);
         request.set_timeout(timeout);
         if let Some(trace) = trace {
@@ -148,15 +171,16 @@ impl Participants {
         trace: Option<TraceParent>,
         timeout: Duration,
     ) -> Result<Answer, String> {
-        let client = self
+        let connections = self.connections();
+        let client = connections
             .http
             .get_or_init(|| {
-                http_client::client_with(self.tls.as_ref())
+                http_client::client_with(connections.tls.as_ref())
                     .map_err(|e| format!("no HTTP client for participants: {e}"))
             })
             .as_ref()
             .map_err(Clone::clone)?;
-        self.tls_for(target)?;
+        connections.tls_for(target)?;
         let body = serde_json::to_vec(&request).map_err(|e| format!("encoding the call: {e}"))?;
         let mut headers = vec![("accept", "application/json".to_string())];
         if let Some(trace) = trace {

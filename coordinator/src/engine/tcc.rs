@@ -184,7 +184,11 @@ impl Engine {
             }
             Decided::Missing => return Err(Error::UnknownXid(xid)),
             Decided::Exists(row) => match unapplied_decision(decision, &row)? {
-                Undecided::Repeat(status) => status,
+                // The current status as Get and Wait see it: the stored row may lag the
+                // driver's live view (its final write is group-committed after it settles).
+                Undecided::Repeat(status) => {
+                    self.get(&xid).await.map_or(status, |r| r.global.status)
+                }
                 Undecided::Late => {
                     let why = "rollback: the deadline passed before Commit";
                     let entry = self.inner.decided(TxStatus::RollingBack, why);
