@@ -2,8 +2,8 @@
 (tests/tests/cross_language.rs): ``python participant_app.py SQLITE_FILE``.
 
 It migrates the barrier on the file, serves the saga steps ``ship`` (writes a ledger row,
-succeeds; its compensation writes one too) and ``fail`` (refuses, its write undone) on a free
-port, prints ``listening on PORT`` and serves until stdin closes (so it dies with its parent)."""
+succeeds; its compensation writes one too) and ``fail`` (refuses, its write undone) and the TCC
+resource ``hold`` (each phase writes a ledger row) on a free port, prints ``listening on PORT`` and serves until stdin closes (so it dies with its parent)."""
 
 import os
 import sys
@@ -22,6 +22,7 @@ def main(path):
         dtx.ParticipantServer(db)
         .saga("ship", recording(db, "action"), recording(db, "compensate"))
         .saga("fail", refusing(db, "action"), recording(db, "compensate"))
+        .tcc("hold", recording(db, "try"), recording(db, "confirm"), recording(db, "cancel"))
     )
     # With DTX_TLS_CERT/KEY (and DTX_TLS_CLIENT_CA for mTLS): TLS only.
     tls = None

@@ -124,12 +124,8 @@ async fn python_over_mtls() {
     let Some(python) = python() else { return };
     let dir = tempfile::tempdir().unwrap();
     let ca = dtx_tests::pki::Ca::new(dir.path(), "dtx");
-    let py = PythonParticipant::start_tls(
-        &python,
-        &dir.path().join("python-participant.db"),
-        &ca.server("python"),
-        &ca.cert(),
-    );
+    let file = dir.path().join("python-participant.db");
+    let py = PythonParticipant::start_tls(&python, &file, &ca.server("python"), &ca.cert());
     assert!(py.url.starts_with("https://"));
     let (server, myself) = (
         ca.server("server"),
@@ -185,6 +181,28 @@ async fn python_over_mtls() {
         match status {
             Some(status) => assert_eq!(tx.status(), status, "{tx:?}"),
             None => assert_ne!(tx.status(), TxStatus::Succeeded, "{tx:?}"),
+        }
+        if with_certificate {
+            // A TCC whose branch is at the Python participant: the initiator's Try and the
+            // coordinator's Confirm both over mTLS.
+            let tcc = format!("py-tcc-{with_certificate}");
+            let options = dtx_sdk::client::TccOptions {
+                xid: Some(tcc.clone()),
+                ..Default::default()
+            };
+            let branch = dtx_sdk::client::TccBranch::new(&py.url, "hold", b"seat".to_vec());
+            let tx = sdk.begin(options).await.unwrap();
+            tx.call(branch.id("b1")).await.unwrap();
+            tx.commit().await.unwrap();
+            let done = sdk.wait(&tcc, Duration::from_secs(10)).await.unwrap();
+            assert_eq!(done.status(), TxStatus::Committed, "{done:?}");
+            let pool = SqlitePool::connect(&format!("sqlite://{}", file.display()))
+                .await
+                .unwrap();
+            let rows: Vec<(String, String)> = python_effects(&pool, &tcc).await;
+            let expected =
+                [("b1", "try"), ("b1", "confirm")].map(|(b, a)| (b.to_string(), a.to_string()));
+            assert_eq!(rows, expected);
         }
 
         // The Python coordinator client, over mTLS, sees the same transaction.
