@@ -391,14 +391,7 @@ async fn participants_are_called_over_mtls() {
         let (_faults, _bank, bank_url) = tls_bank(db, &ca.server("bank"), &ca).await;
         let mut flags = tls_flags(&server, Some(&ca));
         let ca_file = ca.cert().display().to_string();
-        flags.extend([
-            "--participant-ca".into(),
-            ca_file.clone(),
-            "--participant-client-cert".into(),
-            myself.cert.display().to_string(),
-            "--participant-client-key".into(),
-            myself.key.display().to_string(),
-        ]);
+        flags.extend(participant_flags(&ca, &myself));
         let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
         let tls = trusting(&ca, Some(&initiator));
         let coordinator = InProcess::start_with_tls(&db.url, &flags, Some(tls.clone())).await;
@@ -505,21 +498,10 @@ async fn a_participant_refuses_a_coordinator_of_another_name() {
         let accepted: &[&str] = &["dtx-coordinator"];
         let (_faults, _bank, bank_url) =
             tls_bank_accepting(db, &ca.server("bank"), &ca, Some(accepted)).await;
-        let ca_file = ca.cert().display().to_string();
         for (name, succeeds) in [("imposter", false), ("dtx-coordinator", true)] {
             let identity = ca.client(name, name);
-            let (cert, key) = (
-                identity.cert.display().to_string(),
-                identity.key.display().to_string(),
-            );
-            let flags = [
-                "--participant-ca",
-                &ca_file,
-                "--participant-client-cert",
-                &cert,
-                "--participant-client-key",
-                &key,
-            ];
+            let flags = participant_flags(&ca, &identity);
+            let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
             let coordinator = InProcess::start(&db.url, &flags).await;
             let client = coordinator.client().await;
             let xid = format!("caller-{name}");
