@@ -52,6 +52,11 @@ struct Cli {
     /// The private key (PEM) of `--cert`.
     #[arg(long, env = "DTX_KEY", global = true)]
     key: Option<std::path::PathBuf>,
+    /// The bearer token sent with every call (a coordinator with auth on needs one; prefer the
+    /// environment: flags show in process listings). With auth on, actions are recorded under
+    /// the token's subject and `--operator` is ignored.
+    #[arg(long, env = "DTX_TOKEN", hide_env_values = true, global = true)]
+    token: Option<String>,
     /// `table` for people, `json` for scripts.
     #[arg(long, value_enum, default_value_t = Output::Table, global = true)]
     output: Output,
@@ -72,6 +77,26 @@ enum Command {
     Tx(Tx),
     /// Counts by kind and status, parked count, oldest open transaction.
     Stats,
+    /// Tokens for a coordinator's `--auth-tokens` file (no coordinator is called).
+    #[command(subcommand)]
+    Token(TokenCommand),
+}
+
+#[derive(Subcommand)]
+enum TokenCommand {
+    /// Prints a new random token (give it to the caller) and its line for the token file (which
+    /// stores only the token's SHA-256).
+    New {
+        /// Who holds it (recorded as the operator of its actions).
+        #[arg(long)]
+        subject: String,
+        /// Its tenant.
+        #[arg(long, default_value = dtx_proto::limits::DEFAULT_TENANT)]
+        tenant: String,
+        /// Comma-separated: initiator, operator, reader.
+        #[arg(long, value_delimiter = ',', value_parser = ["initiator", "operator", "reader"], required = true)]
+        roles: Vec<String>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -144,6 +169,7 @@ impl From<tonic::Status> for Failure {
             Code::NotFound => 3,
             Code::FailedPrecondition | Code::Aborted | Code::AlreadyExists => 4,
             Code::InvalidArgument | Code::OutOfRange => 5,
+            Code::Unauthenticated | Code::PermissionDenied => 7,
             Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled => 6,
             // The connection failed under the call (tonic reports it as UNKNOWN).
             _ if transport_failure(&s) => 6,
@@ -204,7 +230,7 @@ async fn main() -> ExitCode {
 
 /// The coordinator's channel: `https://` is TLS (with `--ca`, `--cert`, `--key`), `http://`
 /// plain text (and then TLS flags are a mistake, not something to ignore).
-async fn connect(cli: &Cli) -> Result<AdminClient<Channel>, Failure> {
+async fn connect(cli: &Cli) -> Result<Admin, Failure> {
     let url = cli.coordinator.as_str();
     let usage = |why: String| Failure {
         code: 2,
@@ -250,7 +276,35 @@ async fn connect(cli: &Cli) -> Result<AdminClient<Channel>, Failure> {
                 error_chain(&e)
             ),
         })?;
-    Ok(AdminClient::new(channel))
+    let token = match &cli.token {
+        Some(token) => Some(dtx_proto::auth::bearer_value(token).map_err(|e| Failure {
+            code: 2,
+            message: format!("--token: {e}"),
+        })?),
+        None => None,
+    };
+    Ok(AdminClient::with_interceptor(channel, Bearer(token)))
+}
+
+/// The Admin client, every call carrying the bearer token.
+type Admin = AdminClient<tonic::service::interceptor::InterceptedService<Channel, Bearer>>;
+
+/// Adds `authorization: Bearer <token>` to every call, when a token is given.
+#[derive(Clone)]
+struct Bearer(Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>);
+
+impl tonic::service::Interceptor for Bearer {
+    fn call(
+        &mut self,
+        mut request: tonic::Request<()>,
+    ) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(token) = &self.0 {
+            request
+                .metadata_mut()
+                .insert(dtx_proto::auth::AUTHORIZATION, token.clone());
+        }
+        Ok(request)
+    }
 }
 
 /// An error and its causes (a TLS failure is several levels down).
@@ -266,6 +320,14 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 }
 
 async fn run(cli: Cli) -> Result<String, Failure> {
+    if let Command::Token(TokenCommand::New {
+        subject,
+        tenant,
+        roles,
+    }) = &cli.command
+    {
+        return new_token(subject, tenant, roles);
+    }
     let mut admin = connect(&cli).await?;
     let json = cli.output == Output::Json;
     match cli.command {
@@ -299,11 +361,25 @@ async fn run(cli: Cli) -> Result<String, Failure> {
         Command::Tx(Tx::Resume(args)) => act(&mut admin, Act::Resume, args, json).await,
         Command::Tx(Tx::Rollback(args)) => act(&mut admin, Act::Rollback, args, json).await,
         Command::Tx(Tx::Retry(args)) => act(&mut admin, Act::Retry, args, json).await,
+        Command::Token(_) => unreachable!("answered before connecting"),
     }
 }
 
+/// `dtx token new`: the token and its token-file line.
+fn new_token(subject: &str, tenant: &str, roles: &[String]) -> Result<String, Failure> {
+    let usage = |message: String| Failure { code: 2, message };
+    dtx_proto::limits::check_operator("--subject", subject).map_err(|e| usage(e.0))?;
+    dtx_proto::limits::check_tenant(tenant).map_err(|e| usage(format!("--tenant: {}", e.0)))?;
+    let roles: Vec<&str> = roles.iter().map(String::as_str).collect();
+    let (token, line) = dtx_proto::auth::new_token(subject, tenant, &roles);
+    Ok(format!(
+        "token (give it to {subject}; it is not stored anywhere):\n{token}\n\nline for the \
+         coordinator's --auth-tokens file:\n{line}"
+    ))
+}
+
 async fn act(
-    admin: &mut AdminClient<Channel>,
+    admin: &mut Admin,
     which: Act,
     args: ActionArgs,
     json: bool,

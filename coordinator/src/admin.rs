@@ -8,6 +8,7 @@ use dtx_proto::v1 as wire;
 use dtx_proto::v1::admin_server::{Admin, AdminServer};
 use tonic::{Request, Response, Status};
 
+use crate::auth::{Auth, Caller};
 use crate::domain::history::{Entry, Event};
 use crate::domain::{GlobalRow, Kind, TxRecord, TxStatus};
 use crate::engine::{Acted, Engine, Operator};
@@ -15,28 +16,31 @@ use crate::error::Error;
 use crate::grpc::{wire_kind, wire_status, wire_transaction};
 use crate::store::ListQuery;
 
-/// The metadata key naming the operator of an action (until callers are authenticated).
-pub const OPERATOR_HEADER: &str = "x-dtx-operator";
-
-/// The operator name used when a request names none.
-pub const ANONYMOUS: &str = "anonymous";
+pub use crate::auth::{ANONYMOUS, OPERATOR_HEADER};
 
 /// The gRPC face of the engine's operator actions and reads.
 pub struct AdminService {
     engine: Engine,
+    auth: Auth,
 }
 
 impl AdminService {
     /// The service itself, for the HTTP/JSON front end (which calls its methods directly).
-    pub fn plain(engine: Engine) -> Self {
-        AdminService { engine }
+    pub fn plain(engine: Engine, auth: Auth) -> Self {
+        AdminService { engine, auth }
     }
 
-    pub fn new(engine: Engine) -> SizeGuard<AdminServer<Self>> {
+    pub fn new(engine: Engine, auth: Auth) -> SizeGuard<AdminServer<Self>> {
         SizeGuard::new(
-            AdminServer::new(AdminService { engine })
+            AdminServer::new(AdminService { engine, auth })
                 .max_decoding_message_size(limits::MAX_REQUEST_BYTES),
         )
+    }
+
+    /// The caller of `Admin/<method>`, checked before anything else happens.
+    fn caller<T>(&self, request: &Request<T>, method: &str) -> Result<Caller, Status> {
+        self.auth
+            .caller(request.metadata(), &format!("dtx.v1.Admin/{method}"))
     }
 
     async fn act(
@@ -44,10 +48,10 @@ impl AdminService {
         request: Request<wire::AdminActionRequest>,
         action: Action,
     ) -> Result<Response<wire::TransactionDetail>, Status> {
-        let name = operator_name(&request)?;
+        let caller = self.caller(&request, action.method())?;
         let req = request.into_inner();
         Ok(Response::new(
-            act(&self.engine, action, &req.xid, req.reason, name).await?,
+            act(&self.engine, &caller, action, &req.xid, req.reason).await?,
         ))
     }
 }
@@ -60,41 +64,59 @@ pub enum Action {
     RetryNow,
 }
 
-/// Checks the input, applies `action` for `operator` and answers the transaction after it
-/// (the one path behind the gRPC actions and the web console's).
+impl Action {
+    /// The Admin RPC of the action.
+    pub fn method(self) -> &'static str {
+        match self {
+            Action::Resume => "Resume",
+            Action::ForceRollback => "ForceRollback",
+            Action::RetryNow => "RetryNow",
+        }
+    }
+}
+
+/// Checks the input, applies `action` for `caller` (an operator; the action is recorded under
+/// its subject) to its tenant's `xid`, and answers the transaction after it (the one path
+/// behind the gRPC actions and the web console's).
 pub async fn act(
     engine: &Engine,
+    caller: &Caller,
     action: Action,
     xid: &str,
     reason: String,
-    operator: String,
 ) -> Result<wire::TransactionDetail, Status> {
-    limits::check_xid(xid).map_err(Error::from)?;
+    let key = caller.scope(xid)?;
     limits::check_reason("reason", &reason).map_err(Error::from)?;
     let by = Operator {
-        name: operator,
+        name: caller.subject.clone(),
         reason,
     };
     let _: Acted = match action {
-        Action::Resume => engine.admin_resume(xid, &by).await?,
-        Action::ForceRollback => engine.force_rollback(xid, &by).await?,
-        Action::RetryNow => engine.retry_now(xid, &by).await?,
+        Action::Resume => engine.admin_resume(&key, &by).await?,
+        Action::ForceRollback => engine.force_rollback(&key, &by).await?,
+        Action::RetryNow => engine.retry_now(&key, &by).await?,
     };
-    detail(engine, xid).await
+    detail(engine, caller, xid).await
 }
 
-/// The transaction, its branches and its history.
-pub async fn detail(engine: &Engine, xid: &str) -> Result<wire::TransactionDetail, Status> {
-    let described = engine.describe(xid).await?;
+/// The caller's transaction `xid`, its branches and its history.
+pub async fn detail(
+    engine: &Engine,
+    caller: &Caller,
+    xid: &str,
+) -> Result<wire::TransactionDetail, Status> {
+    let described = engine.describe(&caller.scope(xid)?).await?;
     Ok(wire_detail(described.record, described.history))
 }
 
-/// One page of the listing `req` asks for.
+/// One page of the listing `req` asks for, of the caller's tenant.
 pub async fn list(
     engine: &Engine,
+    caller: &Caller,
     req: wire::ListTransactionsRequest,
 ) -> Result<wire::ListTransactionsResponse, Status> {
     let mut query = list_query(req, engine.now_ms())?;
+    query.tenant = Some(caller.tenant.clone());
     let limit = query.limit as usize;
     // One more than the page tells whether another page follows.
     query.limit += 1;
@@ -147,18 +169,6 @@ pub async fn stats(engine: &Engine) -> Result<wire::StatsResponse, Status> {
     })
 }
 
-/// Who is asking: the request's `x-dtx-operator` metadata, or [`ANONYMOUS`].
-pub fn operator_name<T>(request: &Request<T>) -> Result<String, Status> {
-    let Some(value) = request.metadata().get(OPERATOR_HEADER) else {
-        return Ok(ANONYMOUS.to_string());
-    };
-    let name = value
-        .to_str()
-        .map_err(|_| Status::invalid_argument(format!("{OPERATOR_HEADER} is not ASCII text")))?;
-    limits::check_operator(OPERATOR_HEADER, name).map_err(Error::from)?;
-    Ok(name.to_string())
-}
-
 fn domain_status(status: i32) -> Result<TxStatus, Status> {
     let wire = wire::TxStatus::try_from(status).ok();
     TxStatus::ALL
@@ -179,7 +189,7 @@ fn parse_page_token(token: &str) -> Result<Option<(i64, String)>, Status> {
     }
     let bad = || Status::invalid_argument("page_token is not one this service issued");
     let (created, xid) = token.split_once('~').ok_or_else(bad)?;
-    limits::check_xid(xid).map_err(|_| bad())?;
+    limits::check_scoped_xid(xid).map_err(|_| bad())?;
     Ok(Some((created.parse().map_err(|_| bad())?, xid.to_string())))
 }
 
@@ -236,6 +246,7 @@ fn list_query(req: wire::ListTransactionsRequest, now_ms: i64) -> Result<ListQue
             bound(req.created_to_unix_ms),
         ),
         updated: (bound(req.updated_from_unix_ms), updated_to),
+        tenant: None,
         after: parse_page_token(&req.page_token)?,
         limit: i64::from(limit),
     })
@@ -283,8 +294,9 @@ impl Admin for AdminService {
         &self,
         request: Request<wire::ListTransactionsRequest>,
     ) -> Result<Response<wire::ListTransactionsResponse>, Status> {
+        let caller = self.caller(&request, "ListTransactions")?;
         Ok(Response::new(
-            list(&self.engine, request.into_inner()).await?,
+            list(&self.engine, &caller, request.into_inner()).await?,
         ))
     }
 
@@ -292,8 +304,9 @@ impl Admin for AdminService {
         &self,
         request: Request<wire::DescribeTransactionRequest>,
     ) -> Result<Response<wire::TransactionDetail>, Status> {
+        let caller = self.caller(&request, "DescribeTransaction")?;
         let xid = request.into_inner().xid;
-        Ok(Response::new(detail(&self.engine, &xid).await?))
+        Ok(Response::new(detail(&self.engine, &caller, &xid).await?))
     }
 
     async fn resume(
@@ -319,8 +332,9 @@ impl Admin for AdminService {
 
     async fn stats(
         &self,
-        _request: Request<wire::StatsRequest>,
+        request: Request<wire::StatsRequest>,
     ) -> Result<Response<wire::StatsResponse>, Status> {
+        self.caller(&request, "Stats")?;
         Ok(Response::new(stats(&self.engine).await?))
     }
 }

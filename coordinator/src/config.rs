@@ -68,8 +68,8 @@ pub struct Config {
     pub metrics_listen: Option<SocketAddr>,
 
     /// Serve the web console (needs-attention queue, transaction list and history, operator
-    /// actions) over HTTP on this address (e.g. 127.0.0.1:8070). No authentication yet: keep it
-    /// on loopback or behind an authenticating proxy.
+    /// actions) over HTTP on this address (e.g. 127.0.0.1:8070). With auth on, a token signs
+    /// in (a session cookie) and the roles decide what it shows and allows.
     #[arg(long, env = "DTX_ADMIN_LISTEN")]
     pub admin_listen: Option<SocketAddr>,
 
@@ -166,6 +166,34 @@ pub struct Config {
         requires = "participant_client_cert"
     )]
     pub participant_client_key: Option<PathBuf>,
+
+    /// Require a bearer token on every Coordinator and Admin call and on the console: a JWKS
+    /// file (`{"keys": [...]}`, RSA, EC or Ed25519 public keys) the callers' JWTs are signed
+    /// with; re-read on SIGHUP and when it changes. Needs `--auth-issuer`. Auth is off unless
+    /// this or `--auth-tokens` is given.
+    #[arg(long, env = "DTX_AUTH_JWKS", requires = "auth_issuer")]
+    pub auth_jwks: Option<PathBuf>,
+
+    /// The `iss` every JWT must carry.
+    #[arg(long, env = "DTX_AUTH_ISSUER")]
+    pub auth_issuer: Option<String>,
+
+    /// The `aud` every JWT must carry.
+    #[arg(long, env = "DTX_AUTH_AUDIENCE", default_value = "dtx-coordinator")]
+    pub auth_audience: String,
+
+    /// Require a bearer token, accepting opaque tokens listed in this file by their SHA-256,
+    /// one per line: `<sha256 hex> <subject> <tenant> <role,role...>` (`dtx token new` makes
+    /// a token and its line). Re-read on SIGHUP and when it changes.
+    #[arg(long, env = "DTX_AUTH_TOKENS")]
+    pub auth_tokens: Option<PathBuf>,
+
+    /// Sign every branch call with this Ed25519 private key (PKCS#8 PEM, `openssl genpkey
+    /// -algorithm ed25519`): a token bound to the target, handler, xid, branch and action,
+    /// valid 60 s, that participant servers check against the public key before the barrier
+    /// runs. Re-read on SIGHUP and when it changes.
+    #[arg(long, env = "DTX_CALL_SIGNING_KEY")]
+    pub call_signing_key: Option<PathBuf>,
 
     /// Most open connections on the gRPC listener (`--listen`); it has its own, so a flood on
     /// another listener cannot take what initiators need. Further connections are closed at
@@ -292,6 +320,16 @@ impl Config {
         .flatten()
         .cloned()
         .collect()
+    }
+
+    /// Where the callers' keys come from (auth is off when neither file is given).
+    pub fn auth_files(&self) -> crate::auth::AuthFiles {
+        crate::auth::AuthFiles {
+            jwks: self.auth_jwks.clone(),
+            tokens: self.auth_tokens.clone(),
+            issuer: self.auth_issuer.clone(),
+            audience: self.auth_audience.clone(),
+        }
     }
 
     pub fn store_options(&self) -> StoreOptions {

@@ -10,6 +10,7 @@ use dtx_proto::v1::coordinator_server::{Coordinator, CoordinatorServer};
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
+use crate::auth::{Auth, Caller};
 use crate::domain::{BranchState, Decision, Kind, TxRecord, TxStatus};
 use crate::engine::{Engine, NewBranch, Operator};
 use crate::error::Error;
@@ -17,23 +18,49 @@ use crate::error::Error;
 /// The gRPC face of an [`Engine`].
 pub struct CoordinatorService {
     engine: Engine,
+    auth: Auth,
 }
 
 impl CoordinatorService {
     /// The service itself, for the HTTP/JSON front end (which calls its methods directly).
-    pub fn plain(engine: Engine) -> Self {
-        CoordinatorService { engine }
+    pub fn plain(engine: Engine, auth: Auth) -> Self {
+        CoordinatorService { engine, auth }
     }
 
-    pub fn new(engine: Engine) -> SizeGuard<CoordinatorServer<Self>> {
+    pub fn new(engine: Engine, auth: Auth) -> SizeGuard<CoordinatorServer<Self>> {
         // The decoding limit comes from the contract: every request within the limits (and
         // one somewhat over a field limit, which then gets that field's message) decodes; a
         // larger one is refused before it is buffered, and the guard names the limits.
         SizeGuard::new(
-            CoordinatorServer::new(CoordinatorService { engine })
+            CoordinatorServer::new(CoordinatorService { engine, auth })
                 .max_decoding_message_size(limits::MAX_REQUEST_BYTES),
         )
     }
+
+    /// The caller of `Coordinator/<method>`, checked before anything else happens.
+    fn caller<T>(&self, request: &Request<T>, method: &str) -> Result<Caller, Status> {
+        self.auth
+            .caller(request.metadata(), &format!("dtx.v1.Coordinator/{method}"))
+    }
+}
+
+impl Caller {
+    /// The stored key of this caller's transaction `xid` (its tenant's scope).
+    pub fn scope(&self, xid: &str) -> Result<String, Status> {
+        limits::scoped_xid(&self.tenant, xid).map_err(|e| Status::invalid_argument(e.0))
+    }
+
+    /// `xid`, or a fresh one when empty, and its stored key.
+    fn scope_or_new(&self, xid: String) -> Result<(String, String), Status> {
+        let xid = non_empty(xid).unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+        let key = self.scope(&xid)?;
+        Ok((xid, key))
+    }
+}
+
+/// The xid as its caller knows it (without its tenant's scope).
+pub fn caller_xid(key: &str) -> String {
+    limits::unscoped(key).1.to_string()
 }
 
 impl From<Error> for Status {
@@ -115,7 +142,7 @@ pub fn wire_transaction(record: TxRecord) -> wire::Transaction {
                 handler: b.handler,
             })
             .collect(),
-        xid: g.xid,
+        xid: caller_xid(&g.xid),
         kind: wire_kind(g.kind) as i32,
         status: wire_status(g.status) as i32,
         decision: g
@@ -172,14 +199,13 @@ impl Coordinator for CoordinatorService {
         &self,
         request: Request<wire::BeginRequest>,
     ) -> Result<Response<wire::BeginResponse>, Status> {
+        let caller = self.caller(&request, "Begin")?;
         let req = request.into_inner();
         traced!("begin", req.xid, {
-            let row = self
-                .engine
-                .begin(non_empty(req.xid), req.timeout_ms)
-                .await?;
+            let (xid, key) = caller.scope_or_new(req.xid)?;
+            let row = self.engine.begin(Some(key), req.timeout_ms).await?;
             Ok(Response::new(wire::BeginResponse {
-                xid: row.xid,
+                xid,
                 deadline_unix_ms: row.deadline_ms,
                 status: wire_status(row.status) as i32,
             }))
@@ -190,8 +216,10 @@ impl Coordinator for CoordinatorService {
         &self,
         request: Request<wire::RegisterBranchRequest>,
     ) -> Result<Response<wire::RegisterBranchResponse>, Status> {
+        let caller = self.caller(&request, "RegisterBranch")?;
         let req = with_caller_trace(request, |r| &mut r.headers);
         traced!("register_branch", req.xid, {
+            let key = caller.scope(&req.xid)?;
             let call_timeout = limits::timeout(
                 "call_timeout_ms",
                 req.call_timeout_ms,
@@ -211,6 +239,17 @@ impl Coordinator for CoordinatorService {
                     .map_err(Error::from)?,
                 ),
             };
+            let try_call = dtx_proto::auth::Call {
+                xid: &key,
+                branch: &req.branch_id,
+                action: dtx_proto::auth::action_claim(wire::BranchAction::Try as i32),
+                handler: &req.handler,
+            };
+            let try_token = self
+                .engine
+                .sign_try(&req.target, try_call)
+                .map_err(Status::internal)?
+                .unwrap_or_default();
             let branch = NewBranch {
                 branch_id: req.branch_id,
                 target: req.target,
@@ -220,8 +259,11 @@ impl Coordinator for CoordinatorService {
                 call_timeout,
                 begin_timeout,
             };
-            self.engine.register_branch(req.xid, branch).await?;
-            Ok(Response::new(wire::RegisterBranchResponse {}))
+            self.engine.register_branch(key.clone(), branch).await?;
+            Ok(Response::new(wire::RegisterBranchResponse {
+                branch_xid: key,
+                try_token,
+            }))
         })
     }
 
@@ -229,13 +271,12 @@ impl Coordinator for CoordinatorService {
         &self,
         request: Request<wire::DecideRequest>,
     ) -> Result<Response<wire::DecideResponse>, Status> {
+        let caller = self.caller(&request, "Commit")?;
         let req = request.into_inner();
         traced!("commit", req.xid, {
+            let key = caller.scope(&req.xid)?;
             let wait = wait_for(req.wait, req.wait_timeout_ms)?;
-            let status = self
-                .engine
-                .decide(req.xid.clone(), Decision::Commit, wait)
-                .await?;
+            let status = self.engine.decide(key, Decision::Commit, wait).await?;
             Ok(Response::new(wire::DecideResponse {
                 xid: req.xid,
                 status: wire_status(status) as i32,
@@ -247,13 +288,12 @@ impl Coordinator for CoordinatorService {
         &self,
         request: Request<wire::DecideRequest>,
     ) -> Result<Response<wire::DecideResponse>, Status> {
+        let caller = self.caller(&request, "Rollback")?;
         let req = request.into_inner();
         traced!("rollback", req.xid, {
+            let key = caller.scope(&req.xid)?;
             let wait = wait_for(req.wait, req.wait_timeout_ms)?;
-            let status = self
-                .engine
-                .decide(req.xid.clone(), Decision::Rollback, wait)
-                .await?;
+            let status = self.engine.decide(key, Decision::Rollback, wait).await?;
             Ok(Response::new(wire::DecideResponse {
                 xid: req.xid,
                 status: wire_status(status) as i32,
@@ -265,8 +305,11 @@ impl Coordinator for CoordinatorService {
         &self,
         request: Request<wire::SubmitSagaRequest>,
     ) -> Result<Response<wire::SubmitSagaResponse>, Status> {
-        let req = with_caller_trace(request, |r| &mut r.headers);
+        let caller = self.caller(&request, "SubmitSaga")?;
+        let mut req = with_caller_trace(request, |r| &mut r.headers);
         traced!("submit_saga", req.xid, {
+            let (xid, key) = caller.scope_or_new(std::mem::take(&mut req.xid))?;
+            req.xid = key;
             let wait = match req.wait_timeout_ms {
                 0 => None,
                 ms => Some(
@@ -283,7 +326,7 @@ impl Coordinator for CoordinatorService {
                 status: transaction
                     .as_ref()
                     .map_or(wire_status(row.status) as i32, |t| t.status),
-                xid: row.xid,
+                xid,
                 deadline_unix_ms: row.deadline_ms,
                 transaction,
             }))
@@ -294,10 +337,11 @@ impl Coordinator for CoordinatorService {
         &self,
         request: Request<wire::GetRequest>,
     ) -> Result<Response<wire::Transaction>, Status> {
+        let caller = self.caller(&request, "Get")?;
         let req = request.into_inner();
         traced!("get", req.xid, {
             Ok(Response::new(wire_transaction(
-                self.engine.get(&req.xid).await?,
+                self.engine.get(&caller.scope(&req.xid)?).await?,
             )))
         })
     }
@@ -306,8 +350,10 @@ impl Coordinator for CoordinatorService {
         &self,
         request: Request<wire::WaitRequest>,
     ) -> Result<Response<wire::Transaction>, Status> {
+        let caller = self.caller(&request, "Wait")?;
         let req = request.into_inner();
         traced!("wait", req.xid, {
+            let key = caller.scope(&req.xid)?;
             let timeout = limits::timeout(
                 "timeout_ms",
                 req.timeout_ms,
@@ -316,7 +362,7 @@ impl Coordinator for CoordinatorService {
             )
             .map_err(Error::from)?;
             Ok(Response::new(wire_transaction(
-                self.engine.wait(&req.xid, timeout).await?,
+                self.engine.wait(&key, timeout).await?,
             )))
         })
     }
@@ -325,14 +371,15 @@ impl Coordinator for CoordinatorService {
         &self,
         request: Request<wire::ResumeRequest>,
     ) -> Result<Response<wire::Transaction>, Status> {
+        let caller = self.caller(&request, "Resume")?;
         let by = Operator {
-            name: crate::admin::operator_name(&request)?,
+            name: caller.subject.clone(),
             reason: "Coordinator.Resume".into(),
         };
         let req = request.into_inner();
         traced!("resume", req.xid, {
             Ok(Response::new(wire_transaction(
-                self.engine.resume(&req.xid, &by).await?,
+                self.engine.resume(&caller.scope(&req.xid)?, &by).await?,
             )))
         })
     }

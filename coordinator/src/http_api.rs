@@ -77,12 +77,12 @@ service_routes!(admin_routes, ADMIN_METHODS, AdminService, "dtx.v1.Admin", {
 });
 
 /// The routes of both services.
-pub fn router(engine: Engine) -> Router {
+pub fn router(engine: Engine, auth: crate::auth::Auth) -> Router {
     let router = coordinator_routes(
         Router::new(),
-        Arc::new(CoordinatorService::plain(engine.clone())),
+        Arc::new(CoordinatorService::plain(engine.clone(), auth.clone())),
     );
-    admin_routes(router, Arc::new(AdminService::plain(engine)))
+    admin_routes(router, Arc::new(AdminService::plain(engine, auth)))
         // The body limit is checked by `decode`, with a message naming it.
         .layer(axum::extract::DefaultBodyLimit::disable())
         .fallback(no_route)

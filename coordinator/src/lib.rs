@@ -14,6 +14,7 @@
 //! * [`domain`] - statuses, records, saga plans, backoff: pure logic, no I/O.
 
 pub mod admin;
+pub mod auth;
 pub mod config;
 pub mod console;
 pub mod domain;

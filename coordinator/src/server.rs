@@ -9,6 +9,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::admin::AdminService;
+use crate::auth::Auth;
 use crate::config::Config;
 use crate::engine::Engine;
 use crate::error::Result;
@@ -31,6 +32,7 @@ pub async fn run(
     let mut engine_config = config.engine();
     engine_config.participant_tls = startup::participant_tls(&config)?;
     let engine = Engine::new(store, engine_config);
+    engine.set_call_signer(startup::call_signer(&config)?);
     engine.start_background();
     tracing::info!(
         addr = %listener.local_addr()?,
@@ -39,6 +41,8 @@ pub async fn run(
         "coordinator serving"
     );
 
+    let auth = startup::auth(&config)?;
+    report_auth(&auth, &config);
     let tls = startup::tls(&config)?;
     if let Some(tls) = &tls {
         tracing::info!(
@@ -68,7 +72,7 @@ pub async fn run(
             body_timeout: None,
             max_body_bytes: None,
         },
-        router: grpc_router(&engine).await?,
+        router: grpc_router(&engine, &auth).await?,
         tls: tls_for(true),
     }];
     if let Some(addr) = config.http_listen {
@@ -80,7 +84,7 @@ pub async fn run(
             socket,
             protocol: Protocol::Http,
             limits: http(config.http_max_connections, crate::http_api::MAX_BODY_BYTES),
-            router: crate::http_api::router(engine.clone()),
+            router: crate::http_api::router(engine.clone(), auth.clone()),
             tls: tls_for(true),
         });
     }
@@ -97,7 +101,12 @@ pub async fn run(
             socket,
             protocol: Protocol::Http,
             limits: http(config.admin_max_connections, CONSOLE_MAX_BODY),
-            router: crate::console::router(engine.clone(), config.console_hosts()),
+            router: crate::console::router(
+                engine.clone(),
+                config.console_hosts(),
+                auth.clone(),
+                tls.is_some(),
+            ),
             tls: tls_for(false),
         });
     }
@@ -137,6 +146,23 @@ pub async fn run(
             reload,
         ));
     }
+    if auth.enabled() {
+        let files = auth.files().paths();
+        let auth = auth.clone();
+        let reload = move || auth.reload();
+        let what = "the callers' keys (--auth-jwks, --auth-tokens)";
+        tokio::spawn(crate::tls::watch(what, files, stopped.clone(), reload));
+    }
+    if let Some(path) = config.call_signing_key.clone() {
+        let (engine, config) = (engine.clone(), config.clone());
+        let reload = move || {
+            let signer = startup::call_signer(&config).map_err(|e| e.to_string())?;
+            engine.set_call_signer(signer);
+            Ok(())
+        };
+        let what = "the branch-call signing key (--call-signing-key)";
+        tokio::spawn(crate::tls::watch(what, vec![path], stopped.clone(), reload));
+    }
     let participant_files = config.participant_tls_files();
     if !participant_files.is_empty() {
         let (engine, config) = (engine.clone(), config.clone());
@@ -168,7 +194,7 @@ pub async fn run(
 }
 
 /// The gRPC services: Coordinator, Admin, health (both named) and reflection v1 and v1alpha.
-async fn grpc_router(engine: &Engine) -> Result<axum::Router> {
+async fn grpc_router(engine: &Engine, auth: &Auth) -> Result<axum::Router> {
     let (health, health_service) = tonic_health::server::health_reporter();
     health
         .set_serving::<dtx_proto::v1::coordinator_server::CoordinatorServer<CoordinatorService>>()
@@ -188,9 +214,42 @@ async fn grpc_router(engine: &Engine) -> Result<axum::Router> {
     let routes = tonic::service::Routes::new(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
-        .add_service(CoordinatorService::new(engine.clone()))
-        .add_service(AdminService::new(engine.clone()));
+        .add_service(CoordinatorService::new(engine.clone(), auth.clone()))
+        .add_service(AdminService::new(engine.clone(), auth.clone()));
     Ok(routes.prepare().into_axum_router())
+}
+
+/// Says at start-up whether callers are checked, loudly when they are not and a listener is
+/// reachable from other hosts.
+fn report_auth(auth: &Auth, config: &Config) {
+    if auth.enabled() {
+        let files = auth.files();
+        tracing::info!(
+            jwks = ?files.jwks,
+            tokens = ?files.tokens,
+            issuer = ?files.issuer,
+            audience = %files.audience,
+            "auth on: every Coordinator and Admin call and the console need a bearer token"
+        );
+        return;
+    }
+    let exposed: Vec<String> = [Some(config.listen), config.http_listen, config.admin_listen]
+        .into_iter()
+        .flatten()
+        .filter(|a| !a.ip().is_loopback())
+        .map(|a| a.to_string())
+        .collect();
+    if exposed.is_empty() {
+        tracing::info!(
+            "auth off: anyone who reaches the (loopback) listeners may call everything; turn              it on with --auth-jwks or --auth-tokens"
+        );
+    } else {
+        tracing::warn!(
+            listeners = ?exposed,
+            "AUTH OFF ON A NETWORK LISTENER: anyone who reaches {} may begin, commit, roll              back and read every transaction; turn it on with --auth-jwks or --auth-tokens",
+            exposed.join(", ")
+        );
+    }
 }
 
 /// `/metrics` (and any other path, for scrapers configured with another) answers GET with the

@@ -35,6 +35,30 @@ impl StartFailure {
 
 /// The listeners' TLS configuration, if `--tls-cert` is given; unreadable files stop the start
 /// with a sentence naming them.
+/// Who may call, from `--auth-jwks` / `--auth-tokens` (off without either).
+pub fn auth(config: &crate::config::Config) -> Result<crate::auth::Auth> {
+    crate::auth::Auth::load(config.auth_files()).map_err(|e| StartFailure::Config.error(e))
+}
+
+/// The branch-call signing key of `--call-signing-key`, if given.
+pub fn call_signer(config: &crate::config::Config) -> Result<Option<dtx_proto::auth::CallSigner>> {
+    let Some(path) = &config.call_signing_key else {
+        return Ok(None);
+    };
+    let pem = std::fs::read_to_string(path).map_err(|e| {
+        StartFailure::Config.error(format!("--call-signing-key {}: {e}", path.display()))
+    })?;
+    let signer = dtx_proto::auth::CallSigner::from_pem(&pem).map_err(|e| {
+        StartFailure::Config.error(format!("--call-signing-key {}: {e}", path.display()))
+    })?;
+    tracing::info!(
+        key_id = signer.kid(),
+        "branch calls are signed; participants verify them with this public key:\n{}",
+        signer.public_pem()
+    );
+    Ok(Some(signer))
+}
+
 pub fn tls(
     config: &crate::config::Config,
 ) -> Result<Option<std::sync::Arc<crate::tls::ServerTls>>> {

@@ -127,6 +127,8 @@ pub struct Coordinator {
     participants: Arc<RwLock<HashMap<String, ParticipantClient<Channel>>>>,
     /// TLS for `https://` URLs (the coordinator's and the participants' of direct Trys).
     tls: Option<Arc<ClientTls>>,
+    /// The `authorization` value sent with every coordinator call, when auth is on.
+    token: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
 }
 
 fn endpoint(url: &str, tls: Option<&ClientTls>) -> Result<Endpoint, Error> {
@@ -155,16 +157,17 @@ where
     Ok(rpc().await?.into_inner())
 }
 
-/// `idempotent` for one coordinator method: each attempt clones the client and the request,
-/// and carries a child span of the transaction's trace context, if given, in its metadata.
+/// `idempotent` for one method of a [`Coordinator`]: each attempt clones the client and the
+/// request, carries the bearer token, and a child span of the transaction's trace context, if
+/// given, in its metadata.
 macro_rules! rpc {
-    ($client:expr, $method:ident, $request:expr) => {
-        rpc!($client, $method, $request, None::<TraceParent>)
+    ($coordinator:expr, $method:ident, $request:expr) => {
+        rpc!($coordinator, $method, $request, None::<TraceParent>)
     };
-    ($client:expr, $method:ident, $request:expr, $trace:expr) => {
+    ($coordinator:expr, $method:ident, $request:expr, $trace:expr) => {
         idempotent(|| {
-            let mut client = $client.clone();
-            let mut request = tonic::Request::new($request.clone());
+            let mut client = $coordinator.client.clone();
+            let mut request = $coordinator.request($request.clone());
             if let Some(trace) = $trace {
                 trace.child().insert_into(request.metadata_mut());
             }
@@ -201,7 +204,29 @@ impl Coordinator {
             client: CoordinatorClient::new(channel).max_decoding_message_size(16 * 1024 * 1024),
             participants: Arc::default(),
             tls: None,
+            token: None,
         }
+    }
+
+    /// Sends `token` as `authorization: Bearer <token>` with every call to the coordinator
+    /// (a coordinator with auth on refuses calls without one).
+    pub fn with_token(mut self, token: &str) -> Result<Self, Error> {
+        self.token = Some(
+            dtx_proto::auth::bearer_value(token)
+                .map_err(|e| Error::Limit(dtx_proto::limits::LimitError(e.0)))?,
+        );
+        Ok(self)
+    }
+
+    /// A request to the coordinator, with the bearer token if one is set.
+    fn request<T>(&self, message: T) -> tonic::Request<T> {
+        let mut request = tonic::Request::new(message);
+        if let Some(token) = &self.token {
+            request
+                .metadata_mut()
+                .insert(dtx_proto::auth::AUTHORIZATION, token.clone());
+        }
+        request
     }
 
     fn participant(&self, target: &str) -> Result<ParticipantClient<Channel>, Error> {
@@ -277,7 +302,7 @@ impl Coordinator {
         let request = wire::GetRequest {
             xid: xid.to_string(),
         };
-        rpc!(self.client, get, request).await
+        rpc!(self, get, request).await
     }
 
     /// Waits until the transaction is settled or `timeout` elapsed; returns it either way.
@@ -287,7 +312,7 @@ impl Coordinator {
             timeout_ms: timeout.as_millis().max(1) as u64,
         };
         let mut client = self.client.clone();
-        let mut call = tonic::Request::new(request);
+        let mut call = self.request(request);
         call.set_timeout(timeout + Duration::from_secs(5));
         Ok(client.wait(call).await?.into_inner())
     }
@@ -297,7 +322,12 @@ impl Coordinator {
         let request = wire::ResumeRequest {
             xid: xid.to_string(),
         };
-        Ok(self.client.clone().resume(request).await?.into_inner())
+        Ok(self
+            .client
+            .clone()
+            .resume(self.request(request))
+            .await?
+            .into_inner())
     }
 }
 
@@ -352,10 +382,26 @@ impl TccTransaction {
             },
         };
         let trace = Some(self.trace);
-        rpc!(self.coordinator.client, register_branch, register, trace).await?;
+        let registered = rpc!(self.coordinator, register_branch, register, trace).await?;
         self.begun.store(true, Ordering::Release);
+        // The coordinator's signature on this Try, for participants that obey only it.
+        let try_token =
+            match registered.try_token.as_str() {
+                "" => None,
+                token => Some(token.parse::<tonic::metadata::MetadataValue<_>>().map_err(
+                    |_| {
+                        Error::Limit(dtx_proto::limits::LimitError(
+                            "the coordinator's try_token is not ASCII".into(),
+                        ))
+                    },
+                )?),
+            };
         let request = wire::BranchRequest {
-            xid: self.xid.clone(),
+            // The xid the participant's barrier keys on (scoped by the caller's tenant).
+            xid: match registered.branch_xid {
+                scoped if scoped.is_empty() => self.xid.clone(),
+                scoped => scoped,
+            },
             branch_id: branch_id.clone(),
             action: BranchAction::Try as i32,
             handler: branch.handler,
@@ -371,6 +417,10 @@ impl TccTransaction {
             let mut call = tonic::Request::new(request.clone());
             call.set_timeout(self.options.call_timeout);
             self.trace.child().insert_into(call.metadata_mut());
+            if let Some(token) = &try_token {
+                call.metadata_mut()
+                    .insert(dtx_proto::auth::CALL_TOKEN, token.clone());
+            }
             let answer =
                 tokio::time::timeout(self.options.call_timeout, participant.branch(call)).await;
             match answer {
@@ -428,7 +478,7 @@ impl TccTransaction {
                 xid: self.xid.clone(),
                 timeout_ms: self.options.timeout.as_millis().max(1) as u64,
             };
-            rpc!(self.coordinator.client, begin, begin, Some(self.trace)).await?;
+            rpc!(self.coordinator, begin, begin, Some(self.trace)).await?;
             self.begun.store(true, Ordering::Release);
         }
         let request = wire::DecideRequest {
@@ -439,12 +489,11 @@ impl TccTransaction {
                 .wait_phase_two
                 .map_or(0, |d| d.as_millis() as u64),
         };
-        let client = &self.coordinator.client;
         let trace = Some(self.trace);
         let response = if commit {
-            rpc!(client, commit, request, trace).await?
+            rpc!(self.coordinator, commit, request, trace).await?
         } else {
-            rpc!(client, rollback, request, trace).await?
+            rpc!(self.coordinator, rollback, request, trace).await?
         };
         Ok(response.status())
     }
@@ -615,9 +664,8 @@ impl SagaBuilder {
                 root
             }
         };
-        let client = &self.coordinator.client;
         let request = self.request;
-        let submitted = rpc!(client, submit_saga, request, Some(trace)).await?;
+        let submitted = rpc!(self.coordinator, submit_saga, request, Some(trace)).await?;
         let handle = SagaHandle {
             xid: submitted.xid,
             coordinator: self.coordinator,

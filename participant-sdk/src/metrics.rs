@@ -17,8 +17,12 @@ pub const BARRIER_CALLS: &str = "dtx_barrier_calls_total";
 /// ran again, by handler.
 pub const BARRIER_LOCK_CONFLICTS: &str = "dtx_barrier_lock_conflicts_total";
 
+/// Branch calls refused before the barrier because their call token was missing, forged,
+/// expired or for another call (no label: the refused caller names the handler).
+pub const CALLS_REFUSED: &str = "dtx_branch_calls_refused_total";
+
 /// Every metric name the participant server exports.
-pub const METRIC_NAMES: &[&str] = &[BARRIER_CALLS, BARRIER_LOCK_CONFLICTS];
+pub const METRIC_NAMES: &[&str] = &[BARRIER_CALLS, BARRIER_LOCK_CONFLICTS, CALLS_REFUSED];
 
 /// One branch call's verdict; `None`: rolled back, answered RETRY.
 pub(crate) fn call(handler: &str, action: Action, detail: Option<Detail>) {
@@ -46,6 +50,11 @@ pub(crate) fn lock_conflict(handler: &str) {
     counter!(BARRIER_LOCK_CONFLICTS, "handler" => handler.to_string()).increment(1);
 }
 
+pub(crate) fn refused() {
+    describe();
+    counter!(CALLS_REFUSED).increment(1);
+}
+
 /// Help texts, once per process: the exporter takes a write lock for each, too dear per call.
 /// (A recorder installed after the first call gets the metrics without their help text.)
 fn describe() {
@@ -58,6 +67,10 @@ fn describe() {
         describe_counter!(
             BARRIER_LOCK_CONFLICTS,
             "Lock conflicts that made a branch's local transaction run again"
+        );
+        describe_counter!(
+            CALLS_REFUSED,
+            "Branch calls refused before the barrier: no valid coordinator call token"
         );
     });
 }

@@ -49,6 +49,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
+use dtx_proto::auth::CallVerifier;
 use dtx_proto::codec::SizeGuard;
 use dtx_proto::limits::{self, LimitError};
 use dtx_proto::trace::{TRACEPARENT, TraceParent};
@@ -136,6 +137,9 @@ pub struct ParticipantServer<DB: Backend> {
     conflict_retries: u32,
     /// Names a caller's TLS certificate must carry; `None`: any caller.
     callers: Option<Vec<String>>,
+    /// The coordinator's keys every call's `x-dtx-call-token` must verify with; `None`: calls
+    /// are not checked.
+    calls: Option<CallVerifier>,
 }
 
 impl<DB: Backend> ParticipantServer<DB> {
@@ -147,7 +151,19 @@ impl<DB: Backend> ParticipantServer<DB> {
             handlers: HashMap::new(),
             conflict_retries: 5,
             callers: None,
+            calls: None,
         }
+    }
+
+    /// Obeys only the coordinator: every call must carry its signed token
+    /// (`x-dtx-call-token`), bound to this call's xid, branch, action and handler and to one of
+    /// the verifier's targets, checked before the barrier runs; anything else is
+    /// UNAUTHENTICATED and nothing is written. Build the verifier from the coordinator's public
+    /// key ([`CallVerifier::from_pem`]). Initiators' Trys carry the token the coordinator
+    /// issued at registration (the SDK's client forwards it).
+    pub fn verify_calls(mut self, verifier: CallVerifier) -> Self {
+        self.calls = Some(verifier);
+        self
     }
 
     /// Accepts calls only from callers whose TLS client certificate names one of `names` (a
@@ -163,12 +179,24 @@ impl<DB: Backend> ParticipantServer<DB> {
         self
     }
 
-    /// Checks the caller (see [`ParticipantServer::accept_callers`]) and returns the request
-    /// with its call's trace context ([`with_call_trace`]): what a service wrapping this server
-    /// calls first.
+    /// Checks the caller (see [`ParticipantServer::accept_callers`] and
+    /// [`ParticipantServer::verify_calls`]) and returns the request with its call's trace
+    /// context ([`with_call_trace`]): what a service wrapping this server calls first.
     pub fn admit(&self, request: Request<BranchRequest>) -> Result<BranchRequest, Status> {
         if let Some(names) = &self.callers {
             check_caller(request.peer_certs().as_deref(), names)?;
+        }
+        if let Some(verifier) = &self.calls
+            && let Err(refused) = verifier.verify_request(request.metadata(), request.get_ref())
+        {
+            tracing::warn!(
+                xid = %request.get_ref().xid,
+                branch = %request.get_ref().branch_id,
+                error = %refused,
+                "branch call refused"
+            );
+            metrics::refused();
+            return Err(Status::unauthenticated(refused.0));
         }
         Ok(with_call_trace(request))
     }
@@ -333,7 +361,7 @@ fn failure_kind(e: &Error) -> &'static str {
 }
 
 fn validate(request: &BranchRequest) -> Result<(), LimitError> {
-    limits::check_xid(&request.xid)?;
+    limits::check_scoped_xid(&request.xid)?;
     limits::check_branch_id("branch_id", &request.branch_id)?;
     limits::check_handler("handler", &request.handler)?;
     limits::check_payload("payload", &request.payload)?;

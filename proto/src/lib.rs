@@ -2,6 +2,7 @@
 //!
 //! * [`v1`] - code generated from `proto/dtx/v1/dtx.proto` (messages, the `Coordinator` and
 //!   `Participant` services, their clients and servers).
+//! * [`auth`] - who is calling: bearer tokens to the coordinator, its signed branch calls.
 //! * [`answer`] - what a participant's answer proves (only an explicit FAILURE means "no
 //!   effect"), one table for the coordinator and the SDK.
 //! * [`limits`] - the input limits the contract documents, as code, so the coordinator, the
@@ -12,6 +13,7 @@
 //!   malformed and oversized requests are INVALID_ARGUMENT with a message saying why.
 
 pub mod answer;
+pub mod auth;
 pub mod codec;
 pub mod duration;
 pub mod http;

@@ -94,6 +94,60 @@ pub fn check_xid(xid: &str) -> Result<(), LimitError> {
     check_token("xid", xid, MAX_XID_LEN, id_char, "[A-Za-z0-9._:-]")
 }
 
+/// The tenant of callers whose token names none (and of everyone when auth is off). Its
+/// transactions' xids reach participants as they are; another tenant's as `tenant/xid`.
+pub const DEFAULT_TENANT: &str = "default";
+
+/// Longest tenant name, in bytes.
+pub const MAX_TENANT_LEN: usize = 32;
+
+/// A tenant name: 1..=32 bytes of `[A-Za-z0-9._-]` (no `:` or `/`).
+pub fn check_tenant(tenant: &str) -> Result<(), LimitError> {
+    check_token(
+        "tenant",
+        tenant,
+        MAX_TENANT_LEN,
+        |c| id_char(c) && c != b':',
+        "[A-Za-z0-9._-]",
+    )
+}
+
+/// The xid of `tenant`'s transaction `xid` as the coordinator stores it and participants see it
+/// (their barrier keys): `xid` itself in the default tenant, `tenant/xid` in another, so two
+/// tenants may use the same xid. Together at most 128 bytes.
+pub fn scoped_xid(tenant: &str, xid: &str) -> Result<String, LimitError> {
+    check_xid(xid)?;
+    if tenant == DEFAULT_TENANT {
+        return Ok(xid.to_string());
+    }
+    check_tenant(tenant)?;
+    let scoped = format!("{tenant}/{xid}");
+    if scoped.len() > MAX_XID_LEN {
+        return Err(LimitError(format!(
+            "xid is {} bytes; in tenant {tenant:?} it is stored as {tenant:?}/xid, which must be \
+             at most {MAX_XID_LEN} bytes, so this tenant's xids are limited to {} bytes",
+            xid.len(),
+            MAX_XID_LEN - tenant.len() - 1
+        )));
+    }
+    Ok(scoped)
+}
+
+/// The tenant and the caller's xid of a scoped xid (see [`scoped_xid`]).
+pub fn unscoped(scoped: &str) -> (&str, &str) {
+    scoped.split_once('/').unwrap_or((DEFAULT_TENANT, scoped))
+}
+
+/// A scoped xid as participants receive it: `xid` or `tenant/xid`, at most 128 bytes.
+pub fn check_scoped_xid(scoped: &str) -> Result<(), LimitError> {
+    let (tenant, xid) = unscoped(scoped);
+    if scoped.len() > MAX_XID_LEN {
+        return check_xid(scoped);
+    }
+    check_tenant(tenant)?;
+    check_xid(xid)
+}
+
 /// Longest operator name (`x-dtx-operator` metadata) of an admin action, in bytes.
 pub const MAX_OPERATOR_LEN: usize = 128;
 /// Longest reason of an admin action, in bytes.
@@ -281,6 +335,16 @@ mod tests {
 
     #[test]
     fn ids_are_checked_for_length_and_charset() {
+        assert_eq!(scoped_xid(DEFAULT_TENANT, "o-1").unwrap(), "o-1");
+        assert_eq!(scoped_xid("acme", "o-1").unwrap(), "acme/o-1");
+        assert_eq!(unscoped("acme/o-1"), ("acme", "o-1"));
+        assert_eq!(unscoped("o-1"), (DEFAULT_TENANT, "o-1"));
+        assert!(check_scoped_xid("acme/o-1").is_ok());
+        assert!(check_scoped_xid("a:b/o-1").is_err());
+        assert!(check_scoped_xid("acme/o/1").is_err());
+        let e = scoped_xid("acme", &"x".repeat(124)).unwrap_err().0;
+        assert!(e.contains("limited to 123 bytes"), "{e}");
+        assert!(scoped_xid("acme", &"x".repeat(123)).is_ok());
         assert!(check_xid("order-1:tcc.42_a").is_ok());
         assert_eq!(check_xid("").unwrap_err().0, "xid must not be empty");
         let long = "x".repeat(MAX_XID_LEN + 1);

@@ -4,6 +4,7 @@ The same barrier table, rules and wire contract as the Rust SDK (``dtx-sdk``), s
 service takes part in the same TCC transactions and sagas as Rust ones.
 """
 
+from .auth import CallRefused, CallVerifier
 from .barrier import Action, Answer, BarrierError, BranchKey, Detail, Reply, call, request_hash
 from .client import (
     BranchInDoubt,
@@ -25,6 +26,8 @@ __all__ = [
     "BranchInDoubt",
     "BranchKey",
     "BranchRefused",
+    "CallRefused",
+    "CallVerifier",
     "ClientTls",
     "Coordinator",
     "CoordinatorError",

@@ -138,7 +138,7 @@ class BranchKey:
     request_hash: str = None
 
     def __post_init__(self):
-        limits.check_xid(self.xid)
+        limits.check_scoped_xid(self.xid)
         limits.check_branch_id("branch_id", self.branch_id)
 
 

@@ -30,6 +30,7 @@ import urllib.request
 import grpc
 from google.protobuf import json_format
 
+from .auth import CALL_TOKEN
 from .v1 import dtx_pb2 as wire
 from .v1 import dtx_pb2_grpc
 
@@ -129,9 +130,11 @@ class Coordinator:
     """A client of the coordinator's gRPC API; ``tls`` (a :class:`ClientTls`) for an
     ``https://`` coordinator, also used for the direct Trys to ``https://`` participants."""
 
-    def __init__(self, target, channel=None, tls=None):
+    def __init__(self, target, channel=None, tls=None, token=None):
         self.channel = channel or _channel(target, tls)
         self.tls = tls
+        # Sent as `authorization: Bearer <token>` with every call (auth on at the coordinator).
+        self._auth = [("authorization", f"Bearer {token}")] if token else []
         self.stub = dtx_pb2_grpc.CoordinatorStub(self.channel)
         self._participants = {}
 
@@ -141,7 +144,9 @@ class Coordinator:
             channel.close()
 
     def _rpc(self, method, request, traceparent=None, timeout_s=30.0):
-        metadata = [(TRACEPARENT, traceparent)] if traceparent else None
+        metadata = list(self._auth)
+        if traceparent:
+            metadata.append((TRACEPARENT, traceparent))
         try:
             return getattr(self.stub, method)(request, timeout=timeout_s, metadata=metadata)
         except grpc.RpcError as e:
@@ -185,6 +190,7 @@ class TccTransaction:
         self.traceparent = new_traceparent()
         self._branches = 0
         self._begun = False
+        self._try_token = ""
 
     def __enter__(self):
         return self
@@ -202,7 +208,7 @@ class TccTransaction:
         branch_id = branch_id or f"b{self._branches}"
         headers = dict(headers or {})
         headers.setdefault(TRACEPARENT, self.traceparent)
-        self.coordinator._rpc(
+        registered = self.coordinator._rpc(
             "RegisterBranch",
             wire.RegisterBranchRequest(
                 xid=self.xid,
@@ -217,8 +223,11 @@ class TccTransaction:
             self.traceparent,
         )
         self._begun = True
+        # The xid the participant's barrier keys on (scoped by the caller's tenant) and the
+        # coordinator's signature on this Try (for participants that obey only it).
+        self._try_token = registered.try_token
         request = wire.BranchRequest(
-            xid=self.xid,
+            xid=registered.branch_xid or self.xid,
             branch_id=branch_id,
             action=wire.BRANCH_ACTION_TRY,
             handler=handler,
@@ -250,12 +259,15 @@ class TccTransaction:
             last = f"RETRY: {response.message}"
         raise BranchInDoubt(f"{self.xid}/{branch_id}: {last}")
 
+    def _call_token(self):
+        return [(CALL_TOKEN, self._try_token)] if self._try_token else []
+
     def _grpc(self, target, request):
         try:
             return self.coordinator.participant(target).Branch(
                 request,
                 timeout=self.call_timeout_s,
-                metadata=[(TRACEPARENT, _child(self.traceparent))],
+                metadata=[(TRACEPARENT, _child(self.traceparent))] + self._call_token(),
             )
         except grpc.RpcError as e:
             if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
@@ -270,6 +282,7 @@ class TccTransaction:
                 "content-type": "application/json",
                 "accept": "application/json",
                 TRACEPARENT: _child(self.traceparent),
+                **dict(self._call_token()),
             },
         )
         try:

@@ -7,6 +7,7 @@ refused the same way whichever language serves it.
 import re
 
 MAX_XID_LEN = 128
+MAX_TENANT_LEN = 32
 MAX_BRANCH_ID_LEN = 64
 MAX_HANDLER_LEN = 128
 MAX_PAYLOAD_BYTES = 64 * 1024
@@ -15,6 +16,7 @@ MAX_HEADER_KEY_LEN = 64
 MAX_HEADER_VALUE_LEN = 1024
 
 _ID = (re.compile(r"[A-Za-z0-9._:-]"), "[A-Za-z0-9._:-]")
+_TENANT = (re.compile(r"[A-Za-z0-9._-]"), "[A-Za-z0-9._-]")
 _HANDLER = (re.compile(r"[A-Za-z0-9._:/-]"), "[A-Za-z0-9._:/-]")
 _HEADER_KEY = (re.compile(r"[A-Za-z0-9._-]"), "[A-Za-z0-9._-]")
 
@@ -37,6 +39,17 @@ def _token(field, value, limit, charset):
 
 def check_xid(xid):
     _token("xid", xid, MAX_XID_LEN, _ID)
+
+
+def check_scoped_xid(xid):
+    """An xid as participants receive it: ``xid``, or ``tenant/xid`` for a tenant other than
+    the default one; at most 128 bytes together."""
+    tenant, sep, rest = xid.partition("/")
+    if not sep or len(xid.encode()) > MAX_XID_LEN:
+        check_xid(xid)
+        return
+    _token("tenant", tenant, MAX_TENANT_LEN, _TENANT)
+    check_xid(rest)
 
 
 def check_branch_id(field, branch_id):

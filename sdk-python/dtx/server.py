@@ -41,6 +41,7 @@ import grpc
 from google.protobuf import json_format
 
 from . import barrier, limits
+from .auth import CALL_TOKEN, CallRefused
 from .barrier import Action, BranchKey
 from .v1 import dtx_pb2 as wire
 from .v1 import dtx_pb2_grpc
@@ -118,6 +119,15 @@ class ParticipantServer(dtx_pb2_grpc.ParticipantServicer):
         self.database = database
         self.conflict_retries = conflict_retries
         self._handlers = {}
+        self._calls = None
+
+    def verify_calls(self, verifier):
+        """Obeys only the coordinator: every call must carry its ``x-dtx-call-token`` for
+        exactly that call, checked by ``verifier`` (a :class:`dtx.auth.CallVerifier`) before
+        the barrier runs; any other call is UNAUTHENTICATED and nothing is written. The
+        initiator's Try carries the token the coordinator issued at registration."""
+        self._calls = verifier
+        return self
 
     def tcc(self, name, try_, confirm, cancel):
         """Registers a TCC resource: ``name``'s try, confirm and cancel handlers."""
@@ -132,8 +142,10 @@ class ParticipantServer(dtx_pb2_grpc.ParticipantServicer):
     # -- gRPC ------------------------------------------------------------------------------
 
     def Branch(self, request, context):  # noqa: N802 (the generated servicer's name)
-        trace = dict(context.invocation_metadata()).get(TRACEPARENT)
+        metadata = dict(context.invocation_metadata())
+        trace = metadata.get(TRACEPARENT)
         try:
+            self._admit(request, metadata.get(CALL_TOKEN))
             return self.handle(request, _with_trace(request, trace))
         except Rejected as e:
             context.abort(e.code, str(e))
@@ -201,10 +213,20 @@ class ParticipantServer(dtx_pb2_grpc.ParticipantServicer):
         except (json_format.ParseError, UnicodeDecodeError) as e:
             return _problem(grpc.StatusCode.INVALID_ARGUMENT, f"not a BranchRequest: {e}")
         try:
+            self._admit(request, environ.get("HTTP_X_DTX_CALL_TOKEN"))
             response = self.handle(request, _with_trace(request, environ.get("HTTP_TRACEPARENT")))
         except Rejected as e:
             return _problem(e.code, str(e))
         return 200, json_format.MessageToJson(response, indent=None).encode()
+
+    def _admit(self, request, token):
+        if self._calls is None:
+            return
+        try:
+            self._calls.verify_request(token, request)
+        except CallRefused as e:
+            log.warning("xid=%s branch=%s: %s", request.xid, request.branch_id, e)
+            raise Rejected(grpc.StatusCode.UNAUTHENTICATED, str(e)) from None
 
     # -- without gRPC ----------------------------------------------------------------------
 
@@ -218,7 +240,7 @@ class ParticipantServer(dtx_pb2_grpc.ParticipantServicer):
             )
         headers = dict(request.headers) if headers is None else headers
         try:
-            limits.check_xid(request.xid)
+            limits.check_scoped_xid(request.xid)
             limits.check_branch_id("branch_id", request.branch_id)
             limits.check_handler("handler", request.handler)
             limits.check_payload("payload", request.payload)

@@ -33,6 +33,14 @@ def main(path):
             os.environ.get("DTX_TLS_CLIENT_CA"),
         )
     server, port = service.serve(tls=tls)
+    # With DTX_CALL_PUBLIC_KEY (the coordinator's public key, PEM): only its signed calls.
+    if os.environ.get("DTX_CALL_PUBLIC_KEY"):
+        scheme = "https" if tls else "http"
+        service.verify_calls(
+            dtx.CallVerifier.from_file(
+                os.environ["DTX_CALL_PUBLIC_KEY"], [f"{scheme}://127.0.0.1:{port}"]
+            )
+        )
     print(f"listening on {port}", flush=True)
     sys.stdin.read()
     server.stop(grace=1).wait()

@@ -1,6 +1,7 @@
 //! Support for the end-to-end tests: per-test databases on the real servers, a business ledger
 //! that participants keep through the barrier, and helpers to run real gRPC servers on port 0.
 
+pub mod auth;
 pub mod barrier;
 pub mod browser;
 pub mod chaos;

@@ -58,6 +58,11 @@ impl Drop for RunningServer {
 /// Serves `router` on a fresh loopback port.
 pub async fn serve(router: Router) -> RunningServer {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind port 0");
+    serve_on(listener, router)
+}
+
+/// Serves `router` on `listener` (bound first when the server must know its own URL).
+pub fn serve_on(listener: TcpListener, router: Router) -> RunningServer {
     let addr = listener.local_addr().expect("local addr");
     let (stop, stopped) = oneshot::channel::<()>();
     let task = tokio::spawn(async move {

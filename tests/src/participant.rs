@@ -450,12 +450,20 @@ impl<DB: Backend> Bank<DB> {
 
     /// A bank that takes calls only from callers whose certificate names one of `callers`.
     pub fn accepting(pool: Pool<DB>, faults: Faults, callers: Option<&[&str]>) -> Self {
+        Self::configured(pool, faults, |server| match callers {
+            Some(callers) => server.accept_callers(callers.iter().copied()),
+            None => server,
+        })
+    }
+
+    /// A bank whose participant server `configure` sets up (who it accepts calls from).
+    pub fn configured(
+        pool: Pool<DB>,
+        faults: Faults,
+        configure: impl FnOnce(ParticipantServer<DB>) -> ParticipantServer<DB>,
+    ) -> Self {
         let handler_faults = HandlerFaults::default();
-        let mut inner = ParticipantServer::new(pool);
-        if let Some(callers) = callers {
-            inner = inner.accept_callers(callers.iter().copied());
-        }
-        let inner = inner
+        let inner = configure(ParticipantServer::new(pool))
             .tcc(
                 "transfer",
                 ledger_handler(handler_faults.clone()),

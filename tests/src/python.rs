@@ -67,7 +67,17 @@ pub struct PythonParticipant {
 
 impl PythonParticipant {
     pub fn start(python: &Path, sqlite_file: &Path) -> PythonParticipant {
-        Self::spawn(python, sqlite_file, None)
+        Self::spawn(python, sqlite_file, None, None)
+    }
+
+    /// One that obeys only calls signed by the coordinator whose public key (PEM) is in
+    /// `call_public_key`.
+    pub fn start_verifying(
+        python: &Path,
+        sqlite_file: &Path,
+        call_public_key: &Path,
+    ) -> PythonParticipant {
+        Self::spawn(python, sqlite_file, None, Some(call_public_key))
     }
 
     /// One serving TLS with `identity`, requiring client certificates of `client_ca` (mTLS).
@@ -77,15 +87,19 @@ impl PythonParticipant {
         identity: &crate::pki::Identity,
         client_ca: &Path,
     ) -> PythonParticipant {
-        Self::spawn(python, sqlite_file, Some((identity, client_ca)))
+        Self::spawn(python, sqlite_file, Some((identity, client_ca)), None)
     }
 
     fn spawn(
         python: &Path,
         sqlite_file: &Path,
         tls: Option<(&crate::pki::Identity, &Path)>,
+        call_public_key: Option<&Path>,
     ) -> PythonParticipant {
         let mut command = Command::new(python);
+        if let Some(key) = call_public_key {
+            command.env("DTX_CALL_PUBLIC_KEY", key);
+        }
         if let Some((identity, client_ca)) = tls {
             command
                 .env("DTX_TLS_CERT", &identity.cert)

@@ -177,3 +177,138 @@ async fn console_in_chromium() {
     )
     .await;
 }
+
+/// With auth on: the console sends a browser without a session to `/login`; a reader's token
+/// signs in (an `HttpOnly`, `SameSite=Strict` session cookie, the token kept server-side) and
+/// sees its tenant's parked transaction but may not act; an operator's token acts, and the
+/// history names the token's subject, not a typed-in name; another tenant sees nothing.
+async fn signing_in_with_a_token(db: &'static TestDb<dtx_sql::sqlx::Sqlite>) {
+    let Some(browser) = Browser::start("console sign-in test").await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let keys = dtx_tests::auth::AuthKeys::new(dir.path());
+    let operator = keys.opaque("ops-olga", "acme", &["operator"]);
+    let reader = keys.jwt("rita", "acme", &["reader"]);
+    let stranger = keys.jwt("gus", "globex", &["operator"]);
+    let (faults, bank) = dtx_tests::world::bank(db).await;
+    let addr = free_addr().await.to_string();
+    let mut flags = keys.flags();
+    flags.extend(["--admin-listen".into(), addr.clone()]);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let coordinator = dtx_tests::coordinator::InProcess::start(&db.url, &flags).await;
+    let acme = coordinator
+        .client()
+        .await
+        .with_token(&keys.jwt("orders", "acme", &["initiator"]))
+        .unwrap();
+    let parked = dtx_tests::world::park(
+        &acme,
+        &bank.url(),
+        &faults,
+        "order-77",
+        "alice",
+        Fault::Refuse,
+    )
+    .await;
+    assert_eq!(parked.status(), dtx_proto::v1::TxStatus::NeedsAttention);
+    let console = format!("http://{addr}");
+
+    // The cookie, seen from a plain HTTP client.
+    let answer = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+        .post(format!("{console}/login"))
+        .header("origin", &console)
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(format!("token={reader}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 303);
+    let cookie = answer.headers()["set-cookie"].to_str().unwrap().to_string();
+    assert!(
+        cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"),
+        "{cookie}"
+    );
+    assert!(
+        !cookie.contains(&reader),
+        "the cookie carries the token: {cookie}"
+    );
+
+    let b = &browser.client;
+    let (br, console) = (&browser, console.as_str());
+    let sign_in = |token: String| async move {
+        b.goto(&format!("{console}/")).await.unwrap();
+        assert_eq!(br.text("h2").await, "Sign in");
+        let form = b.find(Locator::Css("form#login")).await.unwrap();
+        form.find(Locator::Css("input[name=token]"))
+            .await
+            .unwrap()
+            .send_keys(&token)
+            .await
+            .unwrap();
+        form.find(Locator::Css("button"))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap();
+    };
+    let sign_out = || async move {
+        b.find(Locator::Css("form#logout button"))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap();
+    };
+
+    // A bad token stays on the sign-in page, saying why.
+    sign_in("dtx_wrong".into()).await;
+    assert!(
+        browser
+            .text("#banner")
+            .await
+            .contains("unknown bearer token")
+    );
+
+    // The reader sees the queue, not the actions.
+    sign_in(reader).await;
+    let queue = browser.text("#transactions").await;
+    assert!(queue.contains("order-77"), "{queue}");
+    b.goto(&format!("{console}/tx/order-77")).await.unwrap();
+    act_through_the_form(&browser, "resume", "limit raised", "").await;
+    let refused = browser.text("#banner").await;
+    assert!(refused.contains("needs the role operator"), "{refused}");
+    sign_out().await;
+
+    // Another tenant's operator does not see it at all.
+    sign_in(stranger).await;
+    assert!(!browser.text("main").await.contains("order-77"));
+    b.goto(&format!("{console}/tx/order-77")).await.unwrap();
+    assert!(browser.text("#banner").await.contains("unknown xid"));
+    sign_out().await;
+
+    // The operator resumes it; the history names the token's subject.
+    sign_in(operator).await;
+    b.goto(&format!("{console}/tx/order-77")).await.unwrap();
+    act_through_the_form(&browser, "resume", "limit raised", "someone-else").await;
+    let page = format!("{console}/tx/order-77");
+    let history = browser.until_text(&page, "#history", "OPERATOR").await;
+    assert!(
+        history.contains("ops-olga: resume: limit raised"),
+        "{history}"
+    );
+    assert!(!history.contains("someone-else"), "{history}");
+    sign_out().await;
+    assert_eq!(browser.text("h2").await, "Sign in");
+    browser.close().await;
+    coordinator.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn console_sign_in_in_chromium() {
+    with_db::<dtx_sql::sqlx::Sqlite, _, _>(SCHEMAS, signing_in_with_a_token).await;
+}

@@ -227,3 +227,146 @@ async fn python_over_mtls() {
         coordinator.stop().await;
     }
 }
+
+/// A coordinator with auth on and signed branch calls, and a Python participant that obeys only
+/// those: a saga step and a TCC (the Rust initiator's Try with the coordinator's token, then
+/// the Confirm) in tenant acme reach it under `acme/xid`; the Python client runs a TCC with its
+/// own bearer token; a forged and a replayed call are refused with nothing written.
+#[tokio::test]
+async fn python_participant_obeys_only_signed_calls() {
+    let Some(python) = python() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let keys = dtx_tests::auth::AuthKeys::new(dir.path());
+    let public_key = dir.path().join("call-public.pem");
+    std::fs::write(&public_key, &keys.call_public_pem).unwrap();
+    let file = dir.path().join("python-participant.db");
+    let py = PythonParticipant::start_verifying(&python, &file, &public_key);
+    let store = format!("sqlite://{}", dir.path().join("c.db").display());
+    let flags = keys.flags();
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let coordinator = dtx_tests::coordinator::InProcess::start(&store, &flags).await;
+    let token = keys.jwt("orders", "acme", &["initiator"]);
+    let sdk = coordinator.client().await.with_token(&token).unwrap();
+    let pool = SqlitePool::connect(&format!("sqlite://{}", file.display()))
+        .await
+        .unwrap();
+
+    let saga = sdk
+        .saga()
+        .xid("py-signed-saga")
+        .step(SagaStep::new("ship", &py.url, "ship").payload(b"parcel".to_vec()))
+        .run(WAIT)
+        .await
+        .unwrap();
+    assert_eq!(saga.status(), TxStatus::Succeeded);
+    let options = dtx_sdk::client::TccOptions {
+        xid: Some("py-signed-tcc".into()),
+        ..Default::default()
+    };
+    let tx = sdk.begin(options).await.unwrap();
+    tx.call(dtx_sdk::client::TccBranch::new(&py.url, "hold", b"seat".to_vec()).id("b1"))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let done = sdk.wait("py-signed-tcc", WAIT).await.unwrap();
+    assert_eq!(done.status(), TxStatus::Committed, "{done:?}");
+    let rows = python_effects(&pool, "acme/py-signed-tcc").await;
+    let expected = [("b1", "try"), ("b1", "confirm")].map(|(b, a)| (b.to_string(), a.to_string()));
+    assert_eq!(rows, expected);
+    assert_eq!(python_effects(&pool, "acme/py-signed-saga").await.len(), 1);
+
+    // The Python client as the initiator: its bearer token, the branch xid and Try token the
+    // coordinator hands back.
+    let script = "import sys, dtx\n\
+        c = dtx.Coordinator(sys.argv[1], token=sys.argv[2])\n\
+        with c.tcc(xid='py-client-tcc') as tx:\n    tx.call(sys.argv[3], 'hold', b'seat', branch_id='b1')\n\
+        print(dtx.v1.dtx_pb2.TxStatus.Name(c.wait('py-client-tcc', 10).status))";
+    let out = tokio::process::Command::new(&python)
+        .args(["-c", script, &coordinator.url, &token, &py.url])
+        .output()
+        .await
+        .expect("run the Python client");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "TX_STATUS_COMMITTED",
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(python_effects(&pool, "acme/py-client-tcc").await.len(), 2);
+
+    // Calls the coordinator did not sign for exactly that call.
+    let mut participant =
+        dtx_proto::v1::participant_client::ParticipantClient::connect(py.url.clone())
+            .await
+            .unwrap();
+    let forged = {
+        use ed25519_dalek::pkcs8::EncodePrivateKey;
+        let key = ed25519_dalek::SigningKey::from_bytes(&[42; 32]);
+        let pem = key.to_pkcs8_pem(Default::default()).unwrap();
+        let call = dtx_proto::auth::Call {
+            xid: "acme/py-forged",
+            branch: "b1",
+            action: "ACTION",
+            handler: "ship",
+        };
+        dtx_proto::auth::CallSigner::from_pem(&pem)
+            .unwrap()
+            .sign(&py.url, call)
+            .unwrap()
+    };
+    let elsewhere = {
+        let pem = std::fs::read_to_string(&keys.signing_key).unwrap();
+        let call = dtx_proto::auth::Call {
+            xid: "acme/py-forged",
+            branch: "b1",
+            action: "ACTION",
+            handler: "ship",
+        };
+        let signer = dtx_proto::auth::CallSigner::from_pem(&pem).unwrap();
+        (
+            signer.sign("http://127.0.0.1:1", call).unwrap(),
+            signer
+                .sign(
+                    &py.url,
+                    dtx_proto::auth::Call {
+                        branch: "b2",
+                        ..call
+                    },
+                )
+                .unwrap(),
+        )
+    };
+    for (case, token) in [
+        ("no token", None),
+        ("forged", Some(forged.as_str())),
+        ("another target", Some(elsewhere.0.as_str())),
+        ("another branch", Some(elsewhere.1.as_str())),
+    ] {
+        let mut call = tonic::Request::new(dtx_proto::v1::BranchRequest {
+            xid: "acme/py-forged".into(),
+            branch_id: "b1".into(),
+            action: dtx_proto::v1::BranchAction::Action as i32,
+            handler: "ship".into(),
+            payload: b"parcel".to_vec(),
+            headers: Default::default(),
+        });
+        if let Some(token) = token {
+            call.metadata_mut()
+                .insert(dtx_proto::auth::CALL_TOKEN, token.parse().unwrap());
+        }
+        let refused = participant.branch(call).await.unwrap_err();
+        assert_eq!(
+            refused.code(),
+            tonic::Code::Unauthenticated,
+            "{case}: {refused:?}"
+        );
+    }
+    assert!(python_effects(&pool, "acme/py-forged").await.is_empty());
+    let barrier: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM dtx_barrier WHERE xid = ?")
+        .bind("acme/py-forged")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(barrier, 0);
+    coordinator.stop().await;
+}

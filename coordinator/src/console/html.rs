@@ -73,7 +73,9 @@ pub fn page(title: &str, body: &str) -> String {
         "<!doctype html><html><head><meta charset=utf-8><title>{} - dtx</title>\
          <link rel=stylesheet href=\"/console.css\"><script src=\"/console.js\" defer></script>\
          </head><body><header><b>dtx console</b>\
-         <a href=\"/\">Needs attention</a><a href=\"/transactions\">Transactions</a></header>\
+         <a href=\"/\">Needs attention</a><a href=\"/transactions\">Transactions</a>\
+         <form class=inline id=logout method=post action=\"/logout\"><button type=submit>sign out\
+         </button></form></header>\
          <main>{body}</main></body></html>",
         escape(title)
     )
@@ -345,6 +347,23 @@ pub fn confirm(xid: &str, action: &str, reason: &str, operator: &str) -> String 
         encode(xid),
     );
     page(&format!("{label} {xid}"), &body)
+}
+
+/// The sign-in page (auth on): a token, and why the last one was refused.
+pub fn login(refused: Option<&str>) -> String {
+    let banner = refused.map_or(String::new(), |m| {
+        format!("<div class=\"banner error\" id=banner>{}</div>", escape(m))
+    });
+    page(
+        "sign in",
+        &format!(
+            "<h2>Sign in</h2>{banner}<p>Paste a token with the reader or operator role. The \
+             console keeps it on the server; your browser holds only a session cookie.</p>\
+             <form id=login method=post action=\"/login\"><input type=password name=token \
+             required autocomplete=off placeholder=token size=60> \
+             <button type=submit>Sign in</button></form>"
+        ),
+    )
 }
 
 /// An error page (unknown xid, refused filter).

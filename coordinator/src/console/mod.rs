@@ -7,11 +7,18 @@
 //! this host (browsers send one with every form POST; a request without it is not one of
 //! our forms), and every answer forbids framing, MIME sniffing and any script or style not
 //! served by the console itself.
+//!
+//! With auth on, a person signs in by pasting a token (one with the reader or operator role) on
+//! `/login`: the console keeps it server-side and hands the browser a random session id in a
+//! cookie (`HttpOnly`, `SameSite=Strict`, `Secure` under TLS), re-checks the token on every
+//! request (so an expired or removed token ends the session), shows only the token's tenant and
+//! records actions under the token's subject.
 
 mod html;
+mod session;
 
 use axum::Router;
-use axum::extract::{Form, Path, Query, Request, State};
+use axum::extract::{Extension, Form, Path, Query, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{Html, IntoResponse, Redirect, Response};
@@ -19,7 +26,9 @@ use axum::routing::get;
 use dtx_proto::v1 as wire;
 
 use crate::admin::{self, ANONYMOUS, Action};
+use crate::auth::{Auth, CONSOLE_ACT, CONSOLE_READ, Caller};
 use crate::engine::Engine;
+use session::Sessions;
 
 pub use html::escape;
 
@@ -30,20 +39,30 @@ pub const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'
     frame-ancestors 'none'; base-uri 'none'";
 
 /// The console's routes, answering only to `hosts` (lower-case names) besides IP addresses and
-/// `localhost`.
-pub fn router(engine: Engine, hosts: Vec<String>) -> Router {
+/// `localhost`; `secure` when it is served over TLS (its cookie then says so).
+pub fn router(engine: Engine, hosts: Vec<String>, auth: Auth, secure: bool) -> Router {
     let hosts = std::sync::Arc::new(hosts);
-    Router::new()
+    let sessions = Sessions::new(auth, secure);
+    let pages = Router::new()
         .route("/", get(queue))
         .route("/transactions", get(transactions))
         .route("/tx/{xid}", get(transaction))
         .route("/tx/{xid}/{action}", axum::routing::post(act))
+        .with_state(engine)
+        .layer(axum::middleware::from_fn_with_state(
+            sessions.clone(),
+            session::signed_in,
+        ));
+    Router::new()
+        .route("/login", get(session::login_page).post(session::login))
+        .route("/logout", axum::routing::post(session::logout))
+        .with_state(sessions)
         .route(
             "/console.js",
             get(|| asset("text/javascript", html::SCRIPT)),
         )
         .route("/console.css", get(|| asset("text/css", html::STYLE)))
-        .with_state(engine)
+        .merge(pages)
         .layer(axum::middleware::from_fn(move |request, next| {
             guard(hosts.clone(), request, next)
         }))
@@ -132,14 +151,23 @@ fn failed(status: tonic::Status) -> Response {
     (code, Html(html::error(status.message()))).into_response()
 }
 
-async fn queue(State(engine): State<Engine>) -> Response {
+/// The refusal page when the caller's roles do not allow `what` ([`CONSOLE_READ`] or
+/// [`CONSOLE_ACT`]).
+fn refused(caller: &Caller, what: &str) -> Option<Response> {
+    crate::auth::authorize(caller, what).err().map(failed)
+}
+
+async fn queue(State(engine): State<Engine>, Extension(caller): Extension<Caller>) -> Response {
+    if let Some(refused) = refused(&caller, CONSOLE_READ) {
+        return refused;
+    }
     let parked = wire::ListTransactionsRequest {
         needs_attention: true,
         limit: 100,
         ..Default::default()
     };
     match (
-        admin::list(&engine, parked).await,
+        admin::list(&engine, &caller, parked).await,
         admin::stats(&engine).await,
     ) {
         (Ok(parked), Ok(stats)) => Html(html::queue(&parked, &stats)).into_response(),
@@ -147,7 +175,14 @@ async fn queue(State(engine): State<Engine>) -> Response {
     }
 }
 
-async fn transactions(State(engine): State<Engine>, Query(f): Query<html::Filters>) -> Response {
+async fn transactions(
+    State(engine): State<Engine>,
+    Extension(caller): Extension<Caller>,
+    Query(f): Query<html::Filters>,
+) -> Response {
+    if let Some(refused) = refused(&caller, CONSOLE_READ) {
+        return refused;
+    }
     let statuses = match crate::domain::TxStatus::parse(&f.status) {
         Some(s) => vec![crate::grpc::wire_status(s) as i32],
         None => Vec::new(),
@@ -164,7 +199,7 @@ async fn transactions(State(engine): State<Engine>, Query(f): Query<html::Filter
         page_token: f.page_token.clone(),
         ..Default::default()
     };
-    match admin::list(&engine, request).await {
+    match admin::list(&engine, &caller, request).await {
         Ok(listed) => Html(html::transactions(&f, &listed)).into_response(),
         Err(e) => failed(e),
     }
@@ -177,10 +212,14 @@ struct Done {
 
 async fn transaction(
     State(engine): State<Engine>,
+    Extension(caller): Extension<Caller>,
     Path(xid): Path<String>,
     Query(done): Query<Done>,
 ) -> Response {
-    match admin::detail(&engine, &xid).await {
+    if let Some(refused) = refused(&caller, CONSOLE_READ) {
+        return refused;
+    }
+    match admin::detail(&engine, &caller, &xid).await {
         Ok(d) => {
             let banner = done.done.map(|a| format!("{a}: done"));
             Html(html::transaction(&d, banner.as_deref().map(|b| ("ok", b)))).into_response()
@@ -201,27 +240,34 @@ struct ActionForm {
 
 async fn act(
     State(engine): State<Engine>,
+    Extension(mut caller): Extension<Caller>,
     Path((xid, action)): Path<(String, String)>,
     Form(form): Form<ActionForm>,
 ) -> Response {
+    if let Some(refused) = refused(&caller, CONSOLE_ACT) {
+        return refused;
+    }
     let which = match action.as_str() {
         "resume" => Action::Resume,
         "rollback" => Action::ForceRollback,
         "retry" => Action::RetryNow,
         _ => return (StatusCode::NOT_FOUND, Html(html::error("no such action"))).into_response(),
     };
-    let operator = match form.operator.trim() {
-        "" => ANONYMOUS.to_string(),
-        name => name.to_string(),
-    };
-    if let Err(e) = dtx_proto::limits::check_operator("operator", &operator) {
-        return failed(tonic::Status::invalid_argument(e.0));
+    // With auth off the form names the operator; with auth on it is the token's subject.
+    if !caller.authenticated {
+        caller.subject = match form.operator.trim() {
+            "" => ANONYMOUS.to_string(),
+            name => name.to_string(),
+        };
+        if let Err(e) = dtx_proto::limits::check_operator("operator", &caller.subject) {
+            return failed(tonic::Status::invalid_argument(e.0));
+        }
     }
     if form.confirmed != "yes" {
-        let page = html::confirm(&xid, &action, &form.reason, &operator);
+        let page = html::confirm(&xid, &action, &form.reason, &caller.subject);
         return Html(page).into_response();
     }
-    match admin::act(&engine, which, &xid, form.reason, operator).await {
+    match admin::act(&engine, &caller, which, &xid, form.reason).await {
         Ok(_) => Redirect::to(&format!("/tx/{}?done={action}", html::encode(&xid))).into_response(),
         Err(e) if e.code() == tonic::Code::NotFound => failed(e),
         Err(e) => {
@@ -231,7 +277,7 @@ async fn act(
             } else {
                 StatusCode::CONFLICT
             };
-            match admin::detail(&engine, &xid).await {
+            match admin::detail(&engine, &caller, &xid).await {
                 Ok(d) => {
                     let page = html::transaction(&d, Some(("error", e.message())));
                     (code, Html(page)).into_response()

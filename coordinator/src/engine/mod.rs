@@ -257,6 +257,23 @@ impl Engine {
         self.inner.participants.set_tls(tls);
     }
 
+    /// The key branch calls are signed with (set before the engine starts; a reload replaces
+    /// it).
+    pub fn set_call_signer(&self, signer: Option<dtx_proto::auth::CallSigner>) {
+        self.inner.participants.set_signer(signer);
+    }
+
+    /// A token for the initiator's own Try of a registered branch (it hands it to the
+    /// participant, which then knows the coordinator allowed that Try); `None` when calls are
+    /// not signed.
+    pub fn sign_try(
+        &self,
+        target: &str,
+        call: dtx_proto::auth::Call<'_>,
+    ) -> std::result::Result<Option<String>, String> {
+        self.inner.participants.sign(target, call)
+    }
+
     pub fn metrics(&self) -> &Metrics {
         &self.inner.metrics
     }

@@ -252,7 +252,7 @@ impl Engine {
 
     /// The durable record (not a driver's live view: actions need its fence and owner).
     async fn stored(&self, xid: &str) -> Result<TxRecord> {
-        dtx_proto::limits::check_xid(xid)?;
+        dtx_proto::limits::check_scoped_xid(xid)?;
         self.inner
             .store
             .get(xid)

@@ -5,6 +5,7 @@ use std::sync::{Arc, OnceLock, RwLock};
 use std::time::Duration;
 
 use dtx_proto::answer::Answer;
+use dtx_proto::auth::{self, CallSigner};
 use dtx_proto::http::Problem;
 use dtx_proto::limits::{Transport, transport_of};
 use dtx_proto::tls::ClientTls;
@@ -33,6 +34,8 @@ pub struct Call {
 /// connect with the new certificate, calls in flight finish on their connections.
 pub struct Participants {
     current: RwLock<Arc<Connections>>,
+    /// Signs every call (`x-dtx-call-token`) when a signing key is configured.
+    signer: RwLock<Option<Arc<CallSigner>>>,
 }
 
 /// One lazily connected HTTP/2 channel per gRPC target (channels multiplex concurrent calls, so
@@ -90,7 +93,21 @@ impl Participants {
     pub fn new(tls: Option<ClientTls>) -> Self {
         Participants {
             current: RwLock::new(Arc::new(Connections::new(tls))),
+            signer: RwLock::new(None),
         }
+    }
+
+    /// The key branch calls are signed with (a reload replaces it; `None`: unsigned).
+    pub fn set_signer(&self, signer: Option<CallSigner>) {
+        *self.signer.write().expect("signer lock") = signer.map(Arc::new);
+    }
+
+    /// A token for `call` to `target`, if calls are signed.
+    pub fn sign(&self, target: &str, call: auth::Call<'_>) -> Result<Option<String>, String> {
+        let signer = self.signer.read().expect("signer lock").clone();
+        signer
+            .map(|s| s.sign(target, call).map_err(|e| e.0))
+            .transpose()
     }
 
     /// New trust roots or client certificate for `https://` participants (a reload).
@@ -124,9 +141,15 @@ impl Participants {
         };
         let trace = TraceParent::of_headers(&request.headers).map(|t| attempt_span(&span, t));
         let answer = async {
+            let token = self.sign(&target, auth::Call::of(&request))?;
+            let sent = Sent {
+                trace,
+                token,
+                timeout,
+            };
             match transport_of(&target) {
-                Transport::Grpc => self.call_grpc(&target, request, trace, timeout).await,
-                Transport::HttpJson => self.call_http(&target, request, trace, timeout).await,
+                Transport::Grpc => self.call_grpc(&target, request, sent).await,
+                Transport::HttpJson => self.call_http(&target, request, sent).await,
             }
         };
         match tracing::Instrument::instrument(answer, span).await {
@@ -142,14 +165,24 @@ impl Participants {
         &self,
         target: &str,
         request: BranchRequest,
-        trace: Option<TraceParent>,
-        timeout: Duration,
+        sent: Sent,
     ) -> Result<Answer, String> {
+        let Sent {
+            trace,
+            token,
+            timeout,
+        } = sent;
         let mut client = self.connections().client(target)?;
         let mut request = tonic::Request::new(request);
         request.set_timeout(timeout);
         if let Some(trace) = trace {
             trace.insert_into(request.metadata_mut());
+        }
+        if let Some(token) = token {
+            let value = token
+                .parse()
+                .map_err(|_| "the call token is not ASCII".to_string())?;
+            request.metadata_mut().insert(auth::CALL_TOKEN, value);
         }
         // The grpc-timeout header asks the server to give up; this bounds our own wait too,
         // including connection setup.
@@ -168,9 +201,13 @@ impl Participants {
         &self,
         target: &str,
         request: BranchRequest,
-        trace: Option<TraceParent>,
-        timeout: Duration,
+        sent: Sent,
     ) -> Result<Answer, String> {
+        let Sent {
+            trace,
+            token,
+            timeout,
+        } = sent;
         let connections = self.connections();
         let client = connections
             .http
@@ -185,6 +222,9 @@ impl Participants {
         let mut headers = vec![("accept", "application/json".to_string())];
         if let Some(trace) = trace {
             headers.push(("traceparent", trace.to_string()));
+        }
+        if let Some(token) = token {
+            headers.push((auth::CALL_TOKEN, token));
         }
         let (status, body) =
             match http_client::post_json(client, target, &headers, body.into(), timeout).await {
@@ -203,6 +243,14 @@ impl Participants {
             }
         })
     }
+}
+
+/// What goes with a branch request besides its body.
+struct Sent {
+    trace: Option<TraceParent>,
+    /// The signed `x-dtx-call-token`, when calls are signed.
+    token: Option<String>,
+    timeout: Duration,
 }
 
 /// The context of one attempt under the transaction's `stored` one: the exported span's own

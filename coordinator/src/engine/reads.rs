@@ -12,7 +12,7 @@ use crate::error::{Error, Result};
 impl Engine {
     /// The transaction as stored, overlaid with the live view of its driver if it runs here.
     pub async fn get(&self, xid: &str) -> Result<TxRecord> {
-        limits::check_xid(xid)?;
+        limits::check_scoped_xid(xid)?;
         // While this instance drives it, its driver holds the lease: memory is the truth.
         if let Some(record) = self.active(xid).and_then(|a| a.record()) {
             return Ok(record);
@@ -27,7 +27,7 @@ impl Engine {
     /// Waits until the transaction is settled (terminal or parked) or `timeout` elapsed, and
     /// returns it as [`Engine::get`] does.
     pub async fn wait(&self, xid: &str, timeout: Duration) -> Result<TxRecord> {
-        limits::check_xid(xid)?;
+        limits::check_scoped_xid(xid)?;
         let until = tokio::time::Instant::now() + timeout;
         let mut poll = Duration::from_millis(20);
         loop {

@@ -21,7 +21,7 @@ impl Engine {
         if request.xid.is_empty() {
             request.xid = uuid::Uuid::new_v4().to_string();
         }
-        limits::check_xid(&request.xid)?;
+        limits::check_scoped_xid(&request.xid)?;
         let plan = SagaPlan::from_request(&request)?;
         if self.is_shutting_down() {
             return Err(Error::ShuttingDown);

@@ -32,7 +32,7 @@ impl Engine {
     /// Begins a TCC transaction; an identical repeat returns the existing one.
     pub async fn begin(&self, xid: Option<String>, timeout_ms: u64) -> Result<GlobalRow> {
         let xid = xid.unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
-        limits::check_xid(&xid)?;
+        limits::check_scoped_xid(&xid)?;
         let timeout = limits::timeout(
             "timeout_ms",
             timeout_ms,
@@ -83,7 +83,7 @@ impl Engine {
 
     /// Registers a branch before its Try is invoked.
     pub async fn register_branch(&self, xid: String, branch: NewBranch) -> Result<()> {
-        limits::check_xid(&xid)?;
+        limits::check_scoped_xid(&xid)?;
         let begin = branch.begin_timeout.map(|t| {
             let timeout_ms = t.as_millis() as i64;
             (timeout_ms, self.inner.now_ms() + timeout_ms)
@@ -138,7 +138,7 @@ impl Engine {
         decision: Decision,
         wait: Option<Duration>,
     ) -> Result<TxStatus> {
-        limits::check_xid(&xid)?;
+        limits::check_scoped_xid(&xid)?;
         let why = format!("{decision} asked by the initiator");
         let status = Phase::Settle(decision).status();
         let entry = self.inner.decided(status, &why);

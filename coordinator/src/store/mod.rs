@@ -150,6 +150,9 @@ pub struct ListQuery {
     pub kind: Option<Kind>,
     /// Only xids starting with this (validated against the xid charset, so it holds no `%`).
     pub xid_prefix: Option<String>,
+    /// Only this tenant's transactions (the prefix applies to the xids as the tenant knows
+    /// them); `None` lists every tenant's.
+    pub tenant: Option<String>,
     /// Inclusive bounds on `created_ms` and `updated_ms`.
     pub created: (Option<i64>, Option<i64>),
     pub updated: (Option<i64>, Option<i64>),

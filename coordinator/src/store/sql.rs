@@ -248,10 +248,10 @@ impl<DB: Backend> SqlStore<DB> {
         };
         statuses.sort_by_key(|s| s.as_str());
         statuses.dedup();
-        let pattern = q.xid_prefix.as_ref().map(|p| format!("{p}%"));
+        let patterns = list_patterns(q);
         let mut rows = Vec::new();
         for status in statuses {
-            let (sql, list) = list_statement(<DB::Conn as Conn>::DIALECT, q, status, &pattern);
+            let (sql, list) = list_statement(<DB::Conn as Conn>::DIALECT, q, status, &patterns);
             for row in conn.fetch_all_dynamic(sql, &list).await? {
                 rows.push(global_from_row(&row)?);
             }
@@ -753,7 +753,7 @@ fn list_statement<'a>(
     dialect: Dialect,
     q: &'a ListQuery,
     status: TxStatus,
-    pattern: &'a Option<String>,
+    patterns: &'a [(&'static str, String)],
 ) -> (String, Vec<Arg<'a>>) {
     let xid = match dialect {
         Dialect::Postgres => "xid COLLATE \"C\"",
@@ -769,8 +769,11 @@ fn list_statement<'a>(
     if let Some(kind) = q.kind {
         filter("kind = ?".into(), args![kind.as_str()]);
     }
-    if let Some(pattern) = pattern {
-        filter(format!("{xid} LIKE ?"), args![pattern.as_str()]);
+    for (like, pattern) in patterns {
+        filter(
+            format!("{xid} {like} ? ESCAPE '!'"),
+            args![pattern.as_str()],
+        );
     }
     for (column, (from, to)) in [("created_ms", q.created), ("updated_ms", q.updated)] {
         if let Some(from) = from {
@@ -790,6 +793,29 @@ fn list_statement<'a>(
     list.push(Arg::from(q.limit.max(0)));
     let sql = format!("{LIST_GLOBAL}{filters} ORDER BY updated_ms DESC, {xid} DESC LIMIT ?");
     (sql, list)
+}
+
+/// The `LIKE` and `NOT LIKE` patterns of a listing's tenant and xid prefix, `_` escaped with
+/// `!` (ids hold no `%` or `!`): a tenant's rows are `tenant/xid`, the default tenant's hold no
+/// `/`.
+fn list_patterns(q: &ListQuery) -> Vec<(&'static str, String)> {
+    let escape = |s: &str| s.replace('_', "!_");
+    let prefix = q.xid_prefix.as_deref().map(escape);
+    match q.tenant.as_deref() {
+        None => prefix
+            .map(|p| ("LIKE", format!("{p}%")))
+            .into_iter()
+            .collect(),
+        Some(dtx_proto::limits::DEFAULT_TENANT) => {
+            let mut patterns = vec![("NOT LIKE", "%/%".to_string())];
+            patterns.extend(prefix.map(|p| ("LIKE", format!("{p}%"))));
+            patterns
+        }
+        Some(tenant) => vec![(
+            "LIKE",
+            format!("{}/{}%", escape(tenant), prefix.unwrap_or_default()),
+        )],
+    }
 }
 
 /// The next history sequence numbers for `n` entries committed at `now`: the database time

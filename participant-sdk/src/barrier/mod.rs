@@ -125,7 +125,7 @@ pub struct BranchKey<'a> {
 impl<'a> BranchKey<'a> {
     /// Checks the ids against the contract's limits (they must fit the barrier's key columns).
     pub fn new(xid: &'a str, branch_id: &'a str, action: Action) -> Result<Self, Error> {
-        limits::check_xid(xid)?;
+        limits::check_scoped_xid(xid)?;
         limits::check_branch_id("branch_id", branch_id)?;
         Ok(BranchKey {
             xid,

@@ -178,8 +178,12 @@ class RegisterBranchRequest(_message.Message):
     def __init__(self, xid: _Optional[str] = ..., branch_id: _Optional[str] = ..., target: _Optional[str] = ..., handler: _Optional[str] = ..., payload: _Optional[bytes] = ..., headers: _Optional[_Mapping[str, str]] = ..., call_timeout_ms: _Optional[int] = ..., begin_timeout_ms: _Optional[int] = ...) -> None: ...
 
 class RegisterBranchResponse(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("branch_xid", "try_token")
+    BRANCH_XID_FIELD_NUMBER: _ClassVar[int]
+    TRY_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    branch_xid: str
+    try_token: str
+    def __init__(self, branch_xid: _Optional[str] = ..., try_token: _Optional[str] = ...) -> None: ...
 
 class DecideRequest(_message.Message):
     __slots__ = ("xid", "wait", "wait_timeout_ms")

@@ -475,6 +475,10 @@ class ParticipantServicer:
         gRPC errors: INVALID_ARGUMENT (unknown action kind, limits), NOT_FOUND (unknown handler),
         FAILED_PRECONDITION (the handler does not support this action kind). Callers treat these as
         "rejected without effect". Any other error is an unknown outcome and is retried.
+        A coordinator configured with a signing key sends `x-dtx-call-token` metadata: an EdDSA JWT
+        (issuer "dtx-coordinator", audience the target URL, claims xid, branch, action, handler,
+        at most 60 s between iat and exp). A participant that checks it answers a missing, forged,
+        expired or mismatched token with UNAUTHENTICATED before its barrier runs (nothing written).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -539,8 +543,9 @@ class AdminStub:
     What operators (the `dtx` CLI, the web console, scripts in any language) use to find and act
     on transactions. Served on the same port as Coordinator.
 
-    Actions take a reason (1..=512 bytes) and record who asked: the `x-dtx-operator` request
-    metadata value (1..=128 bytes [A-Za-z0-9._:@-]; "anonymous" when absent). Each action is
+    Actions take a reason (1..=512 bytes) and record who asked: with auth on, the token's subject;
+    with auth off, the `x-dtx-operator` request metadata value (1..=128 bytes [A-Za-z0-9._:@-];
+    "anonymous" when absent). Every call sees only its caller's tenant. Each action is
     idempotent: repeating it once it took effect answers the current transaction and records
     nothing new. FAILED_PRECONDITION (message naming the status) where it does not apply;
     NOT_FOUND for an unknown xid.
@@ -592,8 +597,9 @@ class AdminServicer:
     What operators (the `dtx` CLI, the web console, scripts in any language) use to find and act
     on transactions. Served on the same port as Coordinator.
 
-    Actions take a reason (1..=512 bytes) and record who asked: the `x-dtx-operator` request
-    metadata value (1..=128 bytes [A-Za-z0-9._:@-]; "anonymous" when absent). Each action is
+    Actions take a reason (1..=512 bytes) and record who asked: with auth on, the token's subject;
+    with auth off, the `x-dtx-operator` request metadata value (1..=128 bytes [A-Za-z0-9._:@-];
+    "anonymous" when absent). Every call sees only its caller's tenant. Each action is
     idempotent: repeating it once it took effect answers the current transaction and records
     nothing new. FAILED_PRECONDITION (message naming the status) where it does not apply;
     NOT_FOUND for an unknown xid.
@@ -701,8 +707,9 @@ class Admin:
     What operators (the `dtx` CLI, the web console, scripts in any language) use to find and act
     on transactions. Served on the same port as Coordinator.
 
-    Actions take a reason (1..=512 bytes) and record who asked: the `x-dtx-operator` request
-    metadata value (1..=128 bytes [A-Za-z0-9._:@-]; "anonymous" when absent). Each action is
+    Actions take a reason (1..=512 bytes) and record who asked: with auth on, the token's subject;
+    with auth off, the `x-dtx-operator` request metadata value (1..=128 bytes [A-Za-z0-9._:@-];
+    "anonymous" when absent). Every call sees only its caller's tenant. Each action is
     idempotent: repeating it once it took effect answers the current transaction and records
     nothing new. FAILED_PRECONDITION (message naming the status) where it does not apply;
     NOT_FOUND for an unknown xid.

@@ -1,0 +1,467 @@
+//! Who may call, against a real coordinator with auth on: every Coordinator and Admin RPC, over
+//! gRPC and HTTP/JSON alike, refused without a token, with a forged, expired or foreign-audience
+//! one, with a role that does not allow it, and (NOT_FOUND) for another tenant's transaction -
+//! nothing stored in any case; two tenants using the same xid; branch calls the participant
+//! obeys only when the coordinator signed them for exactly that call.
+
+use std::time::Duration;
+
+use dtx_proto::auth::CALL_TOKEN;
+use dtx_proto::v1 as wire;
+use dtx_proto::v1::admin_client::AdminClient;
+use dtx_proto::v1::coordinator_client::CoordinatorClient;
+use dtx_proto::v1::participant_client::ParticipantClient;
+use dtx_sdk::client::{Coordinator, TccBranch, TccOptions};
+use dtx_tests::auth::{AuthKeys, claims};
+use dtx_tests::coordinator::InProcess;
+use dtx_tests::db::{TestDb, with_db};
+use dtx_tests::net::{RunningServer, free_addr, serve_on};
+use dtx_tests::participant::{Bank, Faults, payload};
+use dtx_tests::world::{SCHEMAS, START};
+use serde_json::json;
+use tonic::Code;
+use tonic::transport::Server;
+
+type Sqlite = dtx_sql::sqlx::Sqlite;
+
+/// Every RPC of both services, with a request that would store something (or read a
+/// transaction) if it were allowed.
+fn requests(xid: &str, bank: &str) -> Vec<(&'static str, serde_json::Value)> {
+    let step = json!([{"name": "s1", "target": bank, "handler": "debit"}]);
+    vec![
+        (
+            "dtx.v1.Coordinator/Begin",
+            json!({"xid": format!("{xid}-new"), "timeoutMs": 60000}),
+        ),
+        (
+            "dtx.v1.Coordinator/RegisterBranch",
+            json!({"xid": xid, "branchId": "b9", "target": bank, "handler": "transfer"}),
+        ),
+        ("dtx.v1.Coordinator/Commit", json!({"xid": xid})),
+        ("dtx.v1.Coordinator/Rollback", json!({"xid": xid})),
+        (
+            "dtx.v1.Coordinator/SubmitSaga",
+            json!({"xid": format!("{xid}-saga"), "steps": step}),
+        ),
+        ("dtx.v1.Coordinator/Get", json!({"xid": xid})),
+        (
+            "dtx.v1.Coordinator/Wait",
+            json!({"xid": xid, "timeoutMs": 10}),
+        ),
+        ("dtx.v1.Coordinator/Resume", json!({"xid": xid})),
+        ("dtx.v1.Admin/ListTransactions", json!({})),
+        ("dtx.v1.Admin/DescribeTransaction", json!({"xid": xid})),
+        ("dtx.v1.Admin/Stats", json!({})),
+        ("dtx.v1.Admin/Resume", json!({"xid": xid, "reason": "test"})),
+        (
+            "dtx.v1.Admin/ForceRollback",
+            json!({"xid": xid, "reason": "test"}),
+        ),
+        (
+            "dtx.v1.Admin/RetryNow",
+            json!({"xid": xid, "reason": "test"}),
+        ),
+    ]
+}
+
+/// Calls `rpc` over gRPC with `body` (decoded into its request type) and `token`.
+async fn grpc(url: &str, rpc: &str, body: serde_json::Value, token: Option<&str>) -> Code {
+    let channel = tonic::transport::Endpoint::from_shared(url.to_string())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let (mut c, mut a) = (
+        CoordinatorClient::new(channel.clone()),
+        AdminClient::new(channel),
+    );
+    macro_rules! call {
+        ($client:ident . $method:ident) => {{
+            let mut request = tonic::Request::new(serde_json::from_value(body).unwrap());
+            if let Some(token) = token {
+                request.metadata_mut().insert(
+                    "authorization",
+                    dtx_proto::auth::bearer_value(token).unwrap(),
+                );
+            }
+            $client
+                .$method(request)
+                .await
+                .err()
+                .map_or(Code::Ok, |s| s.code())
+        }};
+    }
+    match rpc.rsplit_once('/').unwrap() {
+        ("dtx.v1.Coordinator", "Begin") => call!(c.begin),
+        ("dtx.v1.Coordinator", "RegisterBranch") => call!(c.register_branch),
+        ("dtx.v1.Coordinator", "Commit") => call!(c.commit),
+        ("dtx.v1.Coordinator", "Rollback") => call!(c.rollback),
+        ("dtx.v1.Coordinator", "SubmitSaga") => call!(c.submit_saga),
+        ("dtx.v1.Coordinator", "Get") => call!(c.get),
+        ("dtx.v1.Coordinator", "Wait") => call!(c.wait),
+        ("dtx.v1.Coordinator", "Resume") => call!(c.resume),
+        ("dtx.v1.Admin", "ListTransactions") => call!(a.list_transactions),
+        ("dtx.v1.Admin", "DescribeTransaction") => call!(a.describe_transaction),
+        ("dtx.v1.Admin", "Stats") => call!(a.stats),
+        ("dtx.v1.Admin", "Resume") => call!(a.resume),
+        ("dtx.v1.Admin", "ForceRollback") => call!(a.force_rollback),
+        ("dtx.v1.Admin", "RetryNow") => call!(a.retry_now),
+        _ => panic!("no call for {rpc}"),
+    }
+}
+
+/// Calls `rpc` over HTTP/JSON; the gRPC code of the answer (from its problem body).
+async fn http(base: &str, rpc: &str, body: serde_json::Value, token: Option<&str>) -> Code {
+    let mut request = reqwest::Client::new()
+        .post(format!("{base}/{rpc}"))
+        .header("content-type", "application/json")
+        .body(body.to_string());
+    if let Some(token) = token {
+        request = request.bearer_auth(token);
+    }
+    let answer = request.send().await.unwrap();
+    if answer.status().is_success() {
+        return Code::Ok;
+    }
+    let problem: dtx_proto::http::Problem =
+        serde_json::from_slice(&answer.bytes().await.unwrap()).unwrap();
+    dtx_proto::http::code_named(&problem.code).unwrap_or_else(|| panic!("{problem:?}"))
+}
+
+/// Rows in every coordinator table: a refused call must not change it.
+async fn stored(db: &TestDb<Sqlite>) -> i64 {
+    dtx_sql::sqlx::query_scalar(
+        "SELECT (SELECT COUNT(*) FROM dtx_global) + (SELECT COUNT(*) FROM dtx_branch) + \
+         (SELECT COUNT(*) FROM dtx_history) + (SELECT COUNT(*) FROM dtx_barrier)",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap()
+}
+
+/// The bank at a URL it knows before serving (its call verifier names it), obeying only the
+/// coordinator when `keys` is given.
+async fn bank(db: &'static TestDb<Sqlite>, keys: Option<&AuthKeys>) -> (String, RunningServer) {
+    dtx_tests::ledger::create_tables(&db.pool).await;
+    for account in ["alice", "bob"] {
+        dtx_tests::ledger::open_account(&db.pool, account, START).await;
+    }
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let verifier = keys.map(|k| k.verifier(&[&url]));
+    let bank = Bank::configured(
+        db.pool.clone(),
+        Faults::default(),
+        |server| match verifier {
+            Some(v) => server.verify_calls(v),
+            None => server,
+        },
+    );
+    let server = serve_on(listener, Server::builder().add_service(bank.into_service()));
+    (url, server)
+}
+
+/// A committed TCC of `client`'s tenant moving `amount` from alice, waited for.
+async fn commit_tcc(client: &Coordinator, xid: &str, bank: &str, amount: i64) -> wire::Transaction {
+    let options = TccOptions {
+        xid: Some(xid.into()),
+        ..TccOptions::default()
+    };
+    let tx = client.begin(options).await.unwrap();
+    tx.call(TccBranch::new(bank, "transfer", payload("alice", amount)).id("b1"))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    client.wait(xid, Duration::from_secs(10)).await.unwrap()
+}
+
+#[tokio::test]
+async fn every_rpc_refuses_a_caller_it_cannot_trust_and_stores_nothing() {
+    with_db::<Sqlite, _, _>(SCHEMAS, |db: &'static TestDb<Sqlite>| async move {
+        let dir = tempfile::tempdir().unwrap();
+        let keys = AuthKeys::new(dir.path());
+        let (bank_url, _bank) = bank(db, Some(&keys)).await;
+        // In the token file before the coordinator reads it.
+        let operator_token = keys.opaque("o", "acme", &["operator"]);
+        let http_addr = free_addr().await;
+        let mut flags = keys.flags();
+        flags.extend(["--http-listen".into(), http_addr.to_string()]);
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        let coordinator = InProcess::start(&db.url, &flags).await;
+        let base = format!("http://{http_addr}");
+
+        // acme's transaction, committed (so nothing moves in the background while counting).
+        let acme = coordinator
+            .client()
+            .await
+            .with_token(&keys.jwt("orders", "acme", &["initiator"]))
+            .unwrap();
+        let done = commit_tcc(&acme, "order-1", &bank_url, 5).await;
+        assert_eq!(done.status(), wire::TxStatus::Committed);
+
+        let now = dtx_tests::auth::now();
+        let expired = {
+            let mut c = claims("orders", "acme", &["initiator", "operator", "reader"]);
+            c["exp"] = json!(now - 600);
+            c["iat"] = json!(now - 4000);
+            keys.jwt_with(c)
+        };
+        let wrong_audience = {
+            let mut c = claims("orders", "acme", &["initiator", "operator", "reader"]);
+            c["aud"] = json!("another-service");
+            keys.jwt_with(c)
+        };
+        let wrong_issuer = {
+            let mut c = claims("orders", "acme", &["initiator", "operator", "reader"]);
+            c["iss"] = json!("https://evil.test");
+            keys.jwt_with(c)
+        };
+        let forged = keys.forged_jwt("orders", "acme", &["initiator", "operator", "reader"]);
+        let no_roles = keys.jwt("nobody", "acme", &[]);
+        let role_tokens = [
+            ("initiator", keys.jwt("i", "acme", &["initiator"])),
+            ("operator", operator_token),
+            ("reader", keys.jwt("r", "acme", &["reader"])),
+        ];
+        let other_tenant = keys.jwt("globex-ops", "globex", &["initiator", "operator", "reader"]);
+
+        let before = stored(db).await;
+        let mut checked = 0;
+        for (rpc, body) in requests("order-1", &bank_url) {
+            let allowed = dtx_coordinator::auth::roles_for(rpc);
+            let mut cases: Vec<(String, Option<&str>, Code)> = vec![
+                ("no token".into(), None, Code::Unauthenticated),
+                ("garbage".into(), Some("not-a-token"), Code::Unauthenticated),
+                (
+                    "forged signature".into(),
+                    Some(&forged),
+                    Code::Unauthenticated,
+                ),
+                ("expired".into(), Some(&expired), Code::Unauthenticated),
+                (
+                    "wrong audience".into(),
+                    Some(&wrong_audience),
+                    Code::Unauthenticated,
+                ),
+                (
+                    "wrong issuer".into(),
+                    Some(&wrong_issuer),
+                    Code::Unauthenticated,
+                ),
+                ("no role".into(), Some(&no_roles), Code::PermissionDenied),
+            ];
+            for (role, token) in &role_tokens {
+                if !allowed.iter().any(|r| r.as_str() == *role) {
+                    cases.push((format!("role {role}"), Some(token), Code::PermissionDenied));
+                }
+            }
+            // Another tenant's transaction does not exist for this caller.
+            if body.get("xid").and_then(|x| x.as_str()) == Some("order-1") {
+                cases.push(("other tenant".into(), Some(&other_tenant), Code::NotFound));
+            }
+            for (case, token, expected) in cases {
+                for via in ["grpc", "http"] {
+                    let code = match via {
+                        "grpc" => grpc(&coordinator.url, rpc, body.clone(), token).await,
+                        _ => http(&base, rpc, body.clone(), token).await,
+                    };
+                    assert_eq!(code, expected, "{rpc} over {via} with {case}");
+                    assert_eq!(
+                        stored(db).await,
+                        before,
+                        "{rpc} over {via} with {case} stored"
+                    );
+                    checked += 1;
+                }
+            }
+        }
+        assert!(checked > 14 * 2 * 7, "{checked}");
+
+        // The token file's operator acts; the action is recorded under its subject.
+        let (_, operator) = &role_tokens[1];
+        let mut admin = AdminClient::new(
+            tonic::transport::Channel::from_shared(coordinator.url.clone())
+                .unwrap()
+                .connect()
+                .await
+                .unwrap(),
+        );
+        let mut list = tonic::Request::new(wire::ListTransactionsRequest::default());
+        list.metadata_mut().insert(
+            "authorization",
+            dtx_proto::auth::bearer_value(operator).unwrap(),
+        );
+        let listed = admin.list_transactions(list).await.unwrap().into_inner();
+        let xids: Vec<&str> = listed.transactions.iter().map(|t| t.xid.as_str()).collect();
+        assert_eq!(xids, ["order-1"]);
+        coordinator.stop().await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn two_tenants_use_the_same_xid_apart() {
+    with_db::<Sqlite, _, _>(SCHEMAS, |db: &'static TestDb<Sqlite>| async move {
+        let dir = tempfile::tempdir().unwrap();
+        let keys = AuthKeys::new(dir.path());
+        let (bank_url, _bank) = bank(db, Some(&keys)).await;
+        let flags = keys.flags();
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        let coordinator = InProcess::start(&db.url, &flags).await;
+        let client = coordinator.client().await;
+        let acme = client
+            .clone()
+            .with_token(&keys.jwt("orders", "acme", &["initiator"]))
+            .unwrap();
+        let globex = client
+            .clone()
+            .with_token(&keys.jwt("orders", "globex", &["initiator"]))
+            .unwrap();
+        let a = commit_tcc(&acme, "order-7", &bank_url, 10).await;
+        let g = commit_tcc(&globex, "order-7", &bank_url, 20).await;
+        assert_eq!(a.status(), wire::TxStatus::Committed);
+        assert_eq!(g.status(), wire::TxStatus::Committed);
+        // Each caller sees its own under the xid it chose.
+        assert_eq!(a.xid, "order-7");
+        assert_eq!(acme.get("order-7").await.unwrap().branches.len(), 1);
+        // Both moved money: the participant's barrier kept them apart.
+        assert_eq!(
+            dtx_tests::ledger::account(&db.pool, "alice").await,
+            (START - 30, 0)
+        );
+        for (scoped, n) in [("acme/order-7", 1), ("globex/order-7", 1), ("order-7", 0)] {
+            let confirms = dtx_tests::ledger::effects(&db.pool, scoped, "b1", "confirm").await;
+            assert_eq!(confirms, n, "{scoped}");
+        }
+        // A third tenant does not see it; a saga under the same xid in acme is a conflict.
+        let initech = client
+            .clone()
+            .with_token(&keys.jwt("orders", "initech", &["initiator"]))
+            .unwrap();
+        let missing = initech.get("order-7").await.unwrap_err();
+        assert!(matches!(missing, dtx_sdk::Error::Rpc(ref s) if s.code() == Code::NotFound));
+        coordinator.stop().await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_participant_obeys_only_calls_the_coordinator_signed_for_them() {
+    with_db::<Sqlite, _, _>(SCHEMAS, |db: &'static TestDb<Sqlite>| async move {
+        let dir = tempfile::tempdir().unwrap();
+        let keys = AuthKeys::new(dir.path());
+        let (bank_url, _bank) = bank(db, Some(&keys)).await;
+        let flags = keys.flags();
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        let coordinator = InProcess::start(&db.url, &flags).await;
+        let token = keys.jwt("orders", "default", &["initiator"]);
+        let client = coordinator.client().await.with_token(&token).unwrap();
+
+        // The SDK forwards the coordinator's Try token; Confirm and saga calls are signed.
+        let done = commit_tcc(&client, "signed-1", &bank_url, 4).await;
+        assert_eq!(done.status(), wire::TxStatus::Committed);
+        let saga = client
+            .saga()
+            .xid("signed-saga")
+            .step(dtx_tests::world::debit_alice("s1", &bank_url, 3))
+            .run(Duration::from_secs(10))
+            .await
+            .unwrap();
+        assert_eq!(saga.status(), wire::TxStatus::Succeeded);
+        assert_eq!(
+            dtx_tests::ledger::account(&db.pool, "alice").await,
+            (START - 7, 0)
+        );
+
+        // A real Try token, from a registration, replayed for another action or branch.
+        let mut raw = CoordinatorClient::connect(coordinator.url.clone())
+            .await
+            .unwrap();
+        let mut register = tonic::Request::new(wire::RegisterBranchRequest {
+            xid: "replay-1".into(),
+            branch_id: "b1".into(),
+            target: bank_url.clone(),
+            handler: "transfer".into(),
+            payload: payload("alice", 50),
+            begin_timeout_ms: 60_000,
+            ..Default::default()
+        });
+        register.metadata_mut().insert(
+            "authorization",
+            dtx_proto::auth::bearer_value(&token).unwrap(),
+        );
+        let registered = raw.register_branch(register).await.unwrap().into_inner();
+        assert!(!registered.try_token.is_empty());
+        let forged = {
+            let other = ed25519_dalek::SigningKey::from_bytes(&[99; 32]);
+            use ed25519_dalek::pkcs8::EncodePrivateKey;
+            let pem = other.to_pkcs8_pem(Default::default()).unwrap();
+            dtx_proto::auth::CallSigner::from_pem(&pem)
+                .unwrap()
+                .sign(
+                    &bank_url,
+                    dtx_proto::auth::Call {
+                        xid: "replay-1",
+                        branch: "b1",
+                        action: "CONFIRM",
+                        handler: "transfer",
+                    },
+                )
+                .unwrap()
+        };
+        let before = stored(db).await;
+        let mut participant = ParticipantClient::connect(bank_url.clone()).await.unwrap();
+        for (case, action, branch, token) in [
+            ("no token", wire::BranchAction::Confirm, "b1", None),
+            (
+                "forged",
+                wire::BranchAction::Confirm,
+                "b1",
+                Some(forged.as_str()),
+            ),
+            (
+                "try token as confirm",
+                wire::BranchAction::Confirm,
+                "b1",
+                Some(registered.try_token.as_str()),
+            ),
+            (
+                "try token for another branch",
+                wire::BranchAction::Try,
+                "b2",
+                Some(registered.try_token.as_str()),
+            ),
+        ] {
+            let mut call = tonic::Request::new(wire::BranchRequest {
+                xid: "replay-1".into(),
+                branch_id: branch.into(),
+                action: action as i32,
+                handler: "transfer".into(),
+                payload: payload("alice", 50),
+                headers: Default::default(),
+            });
+            if let Some(token) = token {
+                call.metadata_mut()
+                    .insert(CALL_TOKEN, token.parse().unwrap());
+            }
+            let refused = participant.branch(call).await.unwrap_err();
+            assert_eq!(refused.code(), Code::Unauthenticated, "{case}: {refused:?}");
+            assert_eq!(stored(db).await, before, "{case} wrote something");
+        }
+        // The real token for exactly its call is obeyed.
+        let mut call = tonic::Request::new(wire::BranchRequest {
+            xid: "replay-1".into(),
+            branch_id: "b1".into(),
+            action: wire::BranchAction::Try as i32,
+            handler: "transfer".into(),
+            payload: payload("alice", 50),
+            headers: Default::default(),
+        });
+        call.metadata_mut()
+            .insert(CALL_TOKEN, registered.try_token.parse().unwrap());
+        let answer = participant.branch(call).await.unwrap().into_inner();
+        assert_eq!(answer.outcome(), wire::Outcome::Success);
+        coordinator.stop().await;
+    })
+    .await;
+}
