@@ -12,12 +12,14 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::process::{Child, Command};
 
 use crate::Error;
+use crate::security::Security;
 use crate::tls::BenchTls;
 
 /// A running coordinator process; killed if dropped without [`CoordinatorProcess::stop`].
 pub struct CoordinatorProcess {
     pub url: String,
     client_tls: Option<ClientTls>,
+    token: Option<String>,
     scrape_tls: Option<std::sync::Arc<rustls::ClientConfig>>,
     metrics: SocketAddr,
     child: Child,
@@ -35,13 +37,14 @@ async fn free_addr() -> Result<SocketAddr, Error> {
 }
 
 impl CoordinatorProcess {
-    /// Starts this executable's `coordinator` mode on `store` with default settings (and
-    /// TLS and mTLS on every hop with `tls`).
-    pub async fn start(store: &str, tls: Option<&BenchTls>) -> Result<Self, Error> {
+    /// Starts this executable's `coordinator` mode on `store` with default settings and the
+    /// sweep's `security`.
+    pub async fn start(store: &str, security: &Security) -> Result<Self, Error> {
+        let tls = security.tls.as_ref();
         let (listen, metrics) = (free_addr().await?, free_addr().await?);
         let child = Command::new(std::env::current_exe()?)
             .args(["coordinator", "--store", store])
-            .args(tls.map(BenchTls::coordinator_flags).unwrap_or_default())
+            .args(security.coordinator_flags())
             .args(["--listen", &listen.to_string()])
             .args(["--metrics-listen", &metrics.to_string()])
             .env(
@@ -51,10 +54,10 @@ impl CoordinatorProcess {
             .stdout(Stdio::null())
             .kill_on_drop(true)
             .spawn()?;
-        let scheme = if tls.is_some() { "https" } else { "http" };
         let process = CoordinatorProcess {
-            url: format!("{scheme}://{listen}"),
+            url: format!("{}://{listen}", security.scheme()),
             client_tls: tls.map(BenchTls::client),
+            token: security.token().map(String::from),
             scrape_tls: tls.map(BenchTls::scraper),
             metrics,
             child,
@@ -83,11 +86,15 @@ impl CoordinatorProcess {
         )))
     }
 
-    /// A client of it (over mTLS if it serves TLS).
+    /// A client of it (over mTLS if it serves TLS, with the token if auth is on).
     pub async fn client(&self) -> Result<Coordinator, dtx_sdk::Error> {
-        match &self.client_tls {
-            Some(tls) => Coordinator::connect_tls(&self.url, tls.clone()).await,
-            None => Coordinator::connect(&self.url).await,
+        let client = match &self.client_tls {
+            Some(tls) => Coordinator::connect_tls(&self.url, tls.clone()).await?,
+            None => Coordinator::connect(&self.url).await?,
+        };
+        match &self.token {
+            Some(token) => client.with_token(token),
+            None => Ok(client),
         }
     }
 

@@ -162,11 +162,18 @@ impl<DB: Backend> RawInserts<DB> {
 pub async fn serve_rows<DB: Backend>(
     url: &str,
     connections: u32,
-    tls: Option<&crate::tls::BenchTls>,
+    security: &crate::security::Security,
 ) -> Result<String, Error> {
     let pool: Pool<DB> = DB::connect(url, connections).await?;
     dtx_sdk::migrate_barrier(&pool).await?;
     DB::execute_script(&pool, ROWS_TABLE.to_string()).await?;
-    let server = participants::rows_participant(pool);
-    participants::serve(server.into_service(), tls).await
+    let make = |calls| {
+        let server = participants::rows_participant(pool);
+        match calls {
+            Some(calls) => server.verify_calls(calls),
+            None => server,
+        }
+        .into_service()
+    };
+    participants::serve(make, security).await
 }

@@ -13,6 +13,7 @@ mod load;
 mod memory;
 mod participants;
 mod report;
+mod security;
 mod stats;
 mod tls;
 mod workload;
@@ -90,6 +91,11 @@ struct Args {
     /// client counts: rows named `<workload>+tls`, against the same baselines.
     #[arg(long)]
     tls: bool,
+    /// Also run every workload with auth on (the initiators' JWT checked on every coordinator
+    /// call, every branch call signed and verified by the participants), after the
+    /// plain-text sweep: rows named `<workload>+auth`, against the same baselines.
+    #[arg(long)]
+    auth: bool,
     /// A few seconds per store to check the bench works (2 clients, 1 s per workload, 200
     /// transactions in flight); exits non-zero on any error.
     #[arg(long)]
@@ -185,16 +191,17 @@ async fn bench_store(args: &Args, store: Store, admin: &str) -> Result<StoreRepo
             .collect::<Vec<_>>()
             .join(" ")
     );
-    let (noop, gate) = participants::serve_noop(None).await?;
+    let plain = security::Security::default();
+    let (noop, gate) = participants::serve_noop(&plain).await?;
     gate.open();
-    let rows = serve_rows(store, &db.business_url, None).await?;
+    let rows = serve_rows(store, &db.business_url, &plain).await?;
     let targets = Arc::new(Targets { noop, rows });
     let (warmup, window) = (
         Duration::from_secs_f64(args.warmup),
         Duration::from_secs_f64(args.seconds),
     );
 
-    let process = CoordinatorProcess::start(&db.store_url, None).await?;
+    let process = CoordinatorProcess::start(&db.store_url, &plain).await?;
     let client = process.client().await?;
     let harness = Harness {
         store,
@@ -244,16 +251,23 @@ async fn bench_store(args: &Args, store: Store, admin: &str) -> Result<StoreRepo
     );
     process.stop().await?;
 
-    if args.tls {
-        let tls = tls::BenchTls::new()?;
-        let (noop, tls_gate) = participants::serve_noop(Some(&tls)).await?;
-        tls_gate.open();
-        let rows_url = serve_rows(store, &db.business_url, Some(&tls)).await?;
+    let sweeps = [
+        (
+            args.tls,
+            security::Security::tls as fn() -> std::io::Result<_>,
+        ),
+        (args.auth, security::Security::auth),
+    ];
+    for (_, secure) in sweeps.into_iter().filter(|(on, _)| *on) {
+        let security = secure()?;
+        let (noop, secure_gate) = participants::serve_noop(&security).await?;
+        secure_gate.open();
+        let rows_url = serve_rows(store, &db.business_url, &security).await?;
         let targets = Arc::new(Targets {
             noop,
             rows: rows_url,
         });
-        let process = CoordinatorProcess::start(&db.store_url, Some(&tls)).await?;
+        let process = CoordinatorProcess::start(&db.store_url, &security).await?;
         let client = process.client().await?;
         let harness = Harness {
             store,
@@ -267,7 +281,8 @@ async fn bench_store(args: &Args, store: Store, admin: &str) -> Result<StoreRepo
             for &w in &args.workloads {
                 let mut r = harness.measure(*clients, w, raw, floor).await?;
                 // Named once per workload for the whole run (a bench process, not a server).
-                r.workload = Box::leak(format!("{}+tls", w.name()).into_boxed_str());
+                r.workload =
+                    Box::leak(format!("{}{}", w.name(), security.suffix()).into_boxed_str());
                 println!("{}", r.line());
                 if let Some(e) = &r.first_error {
                     println!("    first error: {e}");
@@ -283,7 +298,7 @@ async fn bench_store(args: &Args, store: Store, admin: &str) -> Result<StoreRepo
         for kind in ["saga", "tcc"] {
             // A fresh process: the figure is what in-flight work costs, not what earlier
             // sweeps left in the allocator.
-            let process = CoordinatorProcess::start(&db.store_url, None).await?;
+            let process = CoordinatorProcess::start(&db.store_url, &plain).await?;
             let client = process.client().await?;
             let (n, noop) = (args.memory_tx, targets.noop.as_str());
             let figure = if kind == "saga" {
@@ -306,12 +321,16 @@ async fn bench_store(args: &Args, store: Store, admin: &str) -> Result<StoreRepo
 }
 
 /// Serves the rows participant on the business database (over mTLS with `tls`).
-async fn serve_rows(store: Store, url: &str, tls: Option<&tls::BenchTls>) -> Result<String, Error> {
+async fn serve_rows(
+    store: Store,
+    url: &str,
+    security: &security::Security,
+) -> Result<String, Error> {
     let pool = MAX_POOL as u32;
     match store {
-        Store::Sqlite => database::serve_rows::<sqlx::Sqlite>(url, pool, tls).await,
-        Store::Postgres => database::serve_rows::<sqlx::Postgres>(url, pool, tls).await,
-        Store::Mysql => database::serve_rows::<sqlx::MySql>(url, pool, tls).await,
+        Store::Sqlite => database::serve_rows::<sqlx::Sqlite>(url, pool, security).await,
+        Store::Postgres => database::serve_rows::<sqlx::Postgres>(url, pool, security).await,
+        Store::Mysql => database::serve_rows::<sqlx::MySql>(url, pool, security).await,
     }
 }
 

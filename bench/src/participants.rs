@@ -9,6 +9,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use dtx_proto::auth::CallVerifier;
 use dtx_proto::codec::SizeGuard;
 use dtx_proto::limits::MAX_REQUEST_BYTES;
 use dtx_proto::v1::participant_server::{Participant, ParticipantServer as WireServer};
@@ -25,7 +26,7 @@ use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status};
 
 use crate::Error;
-use crate::tls::BenchTls;
+use crate::security::Security;
 
 /// Handler names the workloads address.
 pub const NOOP: &str = "noop";
@@ -34,11 +35,13 @@ pub const HOLD: &str = "hold";
 pub const ROWS_TCC: &str = "rows-tcc";
 pub const ROWS_SAGA: &str = "rows-saga";
 
-/// Answers every call at once (see the module docs for `fail` and `hold`).
+/// Answers every call at once (see the module docs for `fail` and `hold`), after checking its
+/// call token when auth is on (as the SDK's participant server would).
 #[derive(Clone)]
 pub struct NoopParticipant {
     gate: watch::Receiver<bool>,
     held: Arc<AtomicU64>,
+    calls: Option<CallVerifier>,
 }
 
 /// Opens the gate `hold` calls wait at.
@@ -63,14 +66,14 @@ impl Gate {
 }
 
 impl NoopParticipant {
-    pub fn new() -> (Self, Gate) {
+    pub fn new(calls: Option<CallVerifier>) -> (Self, Gate) {
         let (open, gate) = watch::channel(false);
         let held = Arc::new(AtomicU64::new(0));
         let gate_handle = Gate {
             open,
             held: held.clone(),
         };
-        (NoopParticipant { gate, held }, gate_handle)
+        (NoopParticipant { gate, held, calls }, gate_handle)
     }
 }
 
@@ -80,6 +83,11 @@ impl Participant for NoopParticipant {
         &self,
         request: Request<BranchRequest>,
     ) -> Result<Response<BranchResponse>, Status> {
+        if let Some(calls) = &self.calls {
+            calls
+                .verify_request(request.metadata(), request.get_ref())
+                .map_err(|e| Status::unauthenticated(e.0))?;
+        }
         let request = request.into_inner();
         let first_phase = matches!(request.action(), BranchAction::Try | BranchAction::Action);
         let holds = matches!(
@@ -104,17 +112,18 @@ impl Participant for NoopParticipant {
     }
 }
 
-/// Serves `service` on a fresh loopback port; returns its URL. Concurrent streams are not
-/// capped (the memory test holds 10,000 calls open on one connection).
+/// Serves the service `make` builds (with the call verifier for its URL, when auth is on) on a
+/// fresh loopback port; returns its URL. Concurrent streams are not capped (the memory test
+/// holds 10,000 calls open on one connection).
 pub async fn serve<S: Participant>(
-    service: SizeGuard<WireServer<S>>,
-    tls: Option<&BenchTls>,
+    make: impl FnOnce(Option<CallVerifier>) -> SizeGuard<WireServer<S>>,
+    security: &Security,
 ) -> Result<String, Error> {
     let listener = TcpListener::bind("127.0.0.1:0").await?;
-    let scheme = if tls.is_some() { "https" } else { "http" };
-    let url = format!("{scheme}://{}", listener.local_addr()?);
+    let url = format!("{}://{}", security.scheme(), listener.local_addr()?);
+    let service = make(security.verifier(&url));
     let mut builder = tonic::transport::Server::builder();
-    if let Some(tls) = tls {
+    if let Some(tls) = &security.tls {
         builder = builder
             .tls_config(tls.participant())
             .map_err(|e| Error::Setup(format!("participant TLS: {e}")))?;
@@ -130,18 +139,15 @@ pub async fn serve<S: Participant>(
     Ok(url)
 }
 
-pub async fn serve_noop(tls: Option<&BenchTls>) -> Result<(String, Gate), Error> {
-    let (participant, gate) = NoopParticipant::new();
-    Ok((
-        serve(
-            SizeGuard::new(
-                WireServer::new(participant).max_decoding_message_size(MAX_REQUEST_BYTES),
-            ),
-            tls,
-        )
-        .await?,
-        gate,
-    ))
+pub async fn serve_noop(security: &Security) -> Result<(String, Gate), Error> {
+    let mut gate = None;
+    let make = |calls| {
+        let (participant, opener) = NoopParticipant::new(calls);
+        gate = Some(opener);
+        SizeGuard::new(WireServer::new(participant).max_decoding_message_size(MAX_REQUEST_BYTES))
+    };
+    let url = serve(make, security).await?;
+    Ok((url, gate.expect("the service was made")))
 }
 
 /// The business table of [`rows_participant`].

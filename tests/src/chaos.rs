@@ -51,7 +51,7 @@ use tonic::transport::Server;
 use crate::coordinator::Process;
 use crate::db::{TestBackend, TestDb};
 use crate::ledger;
-use crate::net::serve;
+use crate::net::serve_on;
 use crate::participant::{Bank, CallRecord, FaultRates, Faults, payload};
 use dtx_sdk::barrier::Action;
 
@@ -80,6 +80,42 @@ pub struct ChaosConfig {
     pub lease_ms: u64,
     /// TLS and mTLS on every hop (initiator, coordinators, the bank); `None`: plain text.
     pub tls: Option<Arc<ChaosTls>>,
+    /// Auth on: initiators send a bearer token, coordinators sign every branch call and the
+    /// bank obeys only signed calls; `None`: auth off.
+    pub auth: Option<Arc<ChaosAuth>>,
+}
+
+/// Keys made for the run: the coordinators' auth flags, the initiators' token, and what the
+/// bank verifies calls with.
+pub struct ChaosAuth {
+    _dir: tempfile::TempDir,
+    keys: crate::auth::AuthKeys,
+    token: String,
+}
+
+impl std::fmt::Debug for ChaosAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChaosAuth").finish_non_exhaustive()
+    }
+}
+
+impl ChaosAuth {
+    pub fn new() -> ChaosAuth {
+        let dir = tempfile::tempdir().expect("a temporary folder");
+        let keys = crate::auth::AuthKeys::new(dir.path());
+        let token = keys.jwt("chaos", dtx_proto::limits::DEFAULT_TENANT, &["initiator"]);
+        ChaosAuth {
+            _dir: dir,
+            keys,
+            token,
+        }
+    }
+}
+
+impl Default for ChaosAuth {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 /// A CA made for the run: the coordinators' flags, what initiators connect with, and the
@@ -152,6 +188,7 @@ impl ChaosConfig {
             classes: Classes::all(),
             lease_ms: 1000,
             tls: None,
+            auth: None,
         }
     }
 }
@@ -701,6 +738,12 @@ async fn start_coordinator(
         _ => None,
     };
     let mut flags = vec!["--instance", &name, "--lease-ms", &lease];
+    let auth_flags = cfg
+        .auth
+        .as_ref()
+        .map(|a| a.keys.flags())
+        .unwrap_or_default();
+    flags.extend(auth_flags.iter().map(String::as_str));
     match &cfg.tls {
         None => Process::start_with(&cfg.coordinator_bin, store, addr, &flags, skew).await,
         Some(tls) => {
@@ -921,14 +964,26 @@ pub async fn run<DB: TestBackend>(mut cfg: ChaosConfig) -> Option<ChaosReport> {
             .client_ca_root(Certificate::from_pem(ca));
         builder = builder.tls_config(config).expect("the bank's TLS");
     }
-    let bank_server = serve(
-        builder.add_service(Bank::new(bank_db.pool.clone(), faults.clone()).into_http_service()),
-    )
-    .await;
-    let bank = match cfg.tls {
-        Some(_) => bank_server.url().replace("http://", "https://"),
-        None => bank_server.url(),
-    };
+    // Bound first: a bank that verifies calls names its own URL.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let scheme = if cfg.tls.is_some() { "https" } else { "http" };
+    let bank = format!("{scheme}://{}", listener.local_addr().unwrap());
+    let verifier = cfg.auth.as_ref().map(|a| a.keys.verifier(&[&bank]));
+    let bank_service =
+        Bank::configured(
+            bank_db.pool.clone(),
+            faults.clone(),
+            |server| match verifier {
+                Some(verifier) => server.verify_calls(verifier),
+                None => server,
+            },
+        );
+    let bank_server = serve_on(
+        listener,
+        builder.add_service(bank_service.into_http_service()),
+    );
 
     let mut processes = Vec::new();
     let mut addrs = Vec::new();
@@ -939,7 +994,11 @@ pub async fn run<DB: TestBackend>(mut cfg: ChaosConfig) -> Option<ChaosReport> {
     }
     let mut clients = Vec::new();
     for p in &processes {
-        clients.push(p.as_ref().unwrap().client().await);
+        let client = p.as_ref().unwrap().client().await;
+        clients.push(match &cfg.auth {
+            Some(auth) => client.with_token(&auth.token).expect("a token"),
+            None => client,
+        });
     }
     let processes = Arc::new(Mutex::new(processes));
 

@@ -76,6 +76,16 @@ async fn chaos_short_tls() {
     check(run::<sqlx::Postgres>(config).await);
 }
 
+/// Auth on every hop: initiators' bearer tokens, branch calls signed by the coordinators and
+/// checked by the bank before its barrier, across kills and every fault class.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn chaos_short_auth() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let mut config = config("slow,status", 300);
+    config.auth = Some(std::sync::Arc::new(dtx_tests::chaos::ChaosAuth::new()));
+    check(run::<sqlx::Postgres>(config).await);
+}
+
 /// Class d: a Cancel delivered after the coordinator's Confirm (and a Confirm after a Cancel)
 /// must be refused without effect by the barrier.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -49,6 +49,9 @@ struct Args {
     /// TLS and mTLS on every hop (initiator, coordinators, the participant).
     #[arg(long)]
     tls: bool,
+    /// Auth on: bearer tokens, signed branch calls the participant verifies.
+    #[arg(long)]
+    auth: bool,
     /// The coordinator binary (default: `test-coordinator` next to this one).
     #[arg(long)]
     coordinator_bin: Option<std::path::PathBuf>,
@@ -103,6 +106,9 @@ async fn main() {
         tls: args
             .tls
             .then(|| std::sync::Arc::new(dtx_tests::chaos::ChaosTls::new())),
+        auth: args
+            .auth
+            .then(|| std::sync::Arc::new(dtx_tests::chaos::ChaosAuth::new())),
     };
     let report = match args.store.as_str() {
         "postgres" => run::<sqlx::Postgres>(config).await,
