@@ -195,6 +195,14 @@ pub struct Config {
     #[arg(long, env = "DTX_CALL_SIGNING_KEY")]
     pub call_signing_key: Option<PathBuf>,
 
+    /// A branch target (and alert webhook) the coordinator may call: `SCHEME://HOST[:PORT][/PATH]`,
+    /// HOST a name (`*.` for subdomains), an address or a network (`10.0.0.0/8`); repeatable,
+    /// comma-separated in the environment. Any other target is refused where it enters
+    /// (PERMISSION_DENIED). A name must also resolve, when called, inside an allowed network
+    /// or to a public address. Default: loopback only.
+    #[arg(long = "allow-target", env = "DTX_ALLOW_TARGET", value_delimiter = ',')]
+    pub allow_targets: Vec<String>,
+
     /// Most open connections on the gRPC listener (`--listen`); it has its own, so a flood on
     /// another listener cannot take what initiators need. Further connections are closed at
     /// once.

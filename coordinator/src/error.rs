@@ -21,6 +21,9 @@ pub enum Error {
     /// A decision that contradicts the recorded one. -> ABORTED
     #[error("{message}")]
     Decided { message: String, status: TxStatus },
+    /// A branch target the allowlist does not allow; nothing was stored. -> PERMISSION_DENIED
+    #[error("{0}")]
+    Forbidden(String),
     /// The transaction is not in a state that allows the call. -> FAILED_PRECONDITION
     #[error("{0}")]
     WrongState(String),

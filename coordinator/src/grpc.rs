@@ -77,6 +77,7 @@ impl From<Error> for Status {
                 s
             }
             Error::WrongState(m) => Status::failed_precondition(m),
+            Error::Forbidden(m) => Status::permission_denied(m),
             Error::Store(_)
             | Error::Unavailable(_)
             | Error::Migrate(_)

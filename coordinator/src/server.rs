@@ -31,6 +31,7 @@ pub async fn run(
     let (store, _sqlite_lock) = startup::open_store(&config.store, config.store_options()).await?;
     let mut engine_config = config.engine();
     engine_config.participant_tls = startup::participant_tls(&config)?;
+    engine_config.allow = std::sync::Arc::new(startup::allowlist(&config)?);
     let engine = Engine::new(store, engine_config);
     engine.set_call_signer(startup::call_signer(&config)?);
     engine.start_background();

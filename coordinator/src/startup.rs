@@ -35,6 +35,27 @@ impl StartFailure {
 
 /// The listeners' TLS configuration, if `--tls-cert` is given; unreadable files stop the start
 /// with a sentence naming them.
+/// The targets the coordinator may call (`--allow-target`; loopback only without one); the
+/// alert webhooks must be among them.
+pub fn allowlist(config: &crate::config::Config) -> Result<crate::domain::allow::Allowlist> {
+    let allow = crate::domain::allow::Allowlist::parse(&config.allow_targets)
+        .map_err(|e| StartFailure::Config.error(e))?;
+    for webhook in &config.alert_webhooks {
+        allow.check_url(webhook).map_err(|e| {
+            StartFailure::Config.error(format!("--alert-webhook: {e}; add an --allow-target rule"))
+        })?;
+    }
+    if config.allow_targets.is_empty() {
+        tracing::info!(
+            rules = %allow.describe(),
+            "branch targets: loopback only (the default); allow others with --allow-target"
+        );
+    } else {
+        tracing::info!(rules = %allow.describe(), "branch targets allowed");
+    }
+    Ok(allow)
+}
+
 /// Who may call, from `--auth-jwks` / `--auth-tokens` (off without either).
 pub fn auth(config: &crate::config::Config) -> Result<crate::auth::Auth> {
     crate::auth::Auth::load(config.auth_files()).map_err(|e| StartFailure::Config.error(e))

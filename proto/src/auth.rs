@@ -6,7 +6,6 @@
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use serde::{Deserialize, Serialize};
 use sha2::Digest;
 
@@ -119,11 +118,14 @@ pub fn key_id(public_key: &ed25519_dalek::VerifyingKey) -> String {
 }
 
 /// The coordinator's signing key (Ed25519, PKCS#8 PEM as `openssl genpkey -algorithm ed25519`
-/// writes it).
+/// writes it). Tokens are compact JWTs (`alg` EdDSA) made here on the parsed key: a signature
+/// per branch call, nothing parsed again per call.
 #[derive(Clone)]
 pub struct CallSigner {
     kid: String,
-    key: EncodingKey,
+    key: ed25519_dalek::SigningKey,
+    /// The encoded JWT header, the same for every token of this key.
+    header: String,
     public_pem: String,
 }
 
@@ -135,24 +137,52 @@ impl std::fmt::Debug for CallSigner {
     }
 }
 
+/// The JWT header of a call token.
+#[derive(Serialize, Deserialize)]
+struct JwtHeader {
+    alg: String,
+    #[serde(default)]
+    typ: Option<String>,
+    #[serde(default)]
+    kid: Option<String>,
+}
+
+fn b64(bytes: &[u8]) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
+}
+
+fn unb64(text: &str) -> Option<Vec<u8>> {
+    use base64::Engine as _;
+    base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(text)
+        .ok()
+}
+
 impl CallSigner {
     pub fn from_pem(pem: &str) -> Result<Self, CallTokenError> {
         use ed25519_dalek::pkcs8::{DecodePrivateKey, EncodePublicKey};
-        let signing = ed25519_dalek::SigningKey::from_pkcs8_pem(pem).map_err(|e| {
+        let key = ed25519_dalek::SigningKey::from_pkcs8_pem(pem).map_err(|e| {
             CallTokenError(format!(
                 "not an Ed25519 private key in PKCS#8 PEM ({e}); make one with `openssl \
                  genpkey -algorithm ed25519`"
             ))
         })?;
-        let public = signing.verifying_key();
+        let public = key.verifying_key();
         let public_pem = public
             .to_public_key_pem(Default::default())
             .map_err(|e| CallTokenError(format!("encoding the public key: {e}")))?;
-        let key = EncodingKey::from_ed_pem(pem.as_bytes())
-            .map_err(|e| CallTokenError(format!("the signing key: {e}")))?;
+        let kid = key_id(&public);
+        let header = JwtHeader {
+            alg: "EdDSA".into(),
+            typ: Some("JWT".into()),
+            kid: Some(kid.clone()),
+        };
+        let header = b64(&serde_json::to_vec(&header).expect("a header encodes"));
         Ok(CallSigner {
-            kid: key_id(&public),
+            kid,
             key,
+            header,
             public_pem,
         })
     }
@@ -169,6 +199,7 @@ impl CallSigner {
 
     /// A token for `call` to `target`, valid from now for [`CALL_TOKEN_LIFETIME`].
     pub fn sign(&self, target: &str, call: Call<'_>) -> Result<String, CallTokenError> {
+        use ed25519_dalek::Signer;
         let iat = unix_now();
         let claims = CallClaims {
             iss: CALL_ISSUER.into(),
@@ -180,10 +211,13 @@ impl CallSigner {
             action: call.action.into(),
             handler: call.handler.into(),
         };
-        let mut header = Header::new(Algorithm::EdDSA);
-        header.kid = Some(self.kid.clone());
-        jsonwebtoken::encode(&header, &claims, &self.key)
-            .map_err(|e| CallTokenError(format!("signing a branch call: {e}")))
+        let claims = serde_json::to_vec(&claims)
+            .map_err(|e| CallTokenError(format!("encoding a call token: {e}")))?;
+        let mut token = format!("{}.{}", self.header, b64(&claims));
+        let signature = self.key.sign(token.as_bytes());
+        token.push('.');
+        token.push_str(&b64(&signature.to_bytes()));
+        Ok(token)
     }
 }
 
@@ -191,7 +225,7 @@ impl CallSigner {
 /// participant by, as a participant holds them.
 #[derive(Clone)]
 pub struct CallVerifier {
-    keys: HashMap<String, DecodingKey>,
+    keys: HashMap<String, ed25519_dalek::VerifyingKey>,
     targets: Vec<String>,
 }
 
@@ -225,13 +259,11 @@ impl CallVerifier {
                 .ok_or_else(|| CallTokenError("a PUBLIC KEY block is not closed".into()))?
                 + start
                 + END.len();
-            let block = &rest[start..end];
-            let public = ed25519_dalek::VerifyingKey::from_public_key_pem(block).map_err(|e| {
-                CallTokenError(format!("not an Ed25519 public key in SPKI PEM: {e}"))
-            })?;
-            let key = DecodingKey::from_ed_pem(block.as_bytes())
-                .map_err(|e| CallTokenError(format!("the public key: {e}")))?;
-            keys.insert(key_id(&public), key);
+            let public = ed25519_dalek::VerifyingKey::from_public_key_pem(&rest[start..end])
+                .map_err(|e| {
+                    CallTokenError(format!("not an Ed25519 public key in SPKI PEM: {e}"))
+                })?;
+            keys.insert(key_id(&public), public);
             rest = &rest[end..];
         }
         if keys.is_empty() {
@@ -268,10 +300,23 @@ impl CallVerifier {
     /// Checks that `token` was signed by one of the keys for exactly `call`, and is current.
     pub fn verify(&self, token: &str, call: Call<'_>) -> Result<(), CallTokenError> {
         let refuse = |why: String| Err(CallTokenError(format!("branch call refused: {why}")));
-        let header = match jsonwebtoken::decode_header(token) {
-            Ok(header) => header,
-            Err(e) => return refuse(format!("malformed call token ({e})")),
+        let mut parts = token.split('.');
+        let (Some(header_b64), Some(claims_b64), Some(signature_b64), None) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
+            return refuse("malformed call token (not three parts)".into());
         };
+        let header: JwtHeader =
+            match unb64(header_b64).and_then(|h| serde_json::from_slice(&h).ok()) {
+                Some(header) => header,
+                None => return refuse("malformed call token header".into()),
+            };
+        if header.alg != "EdDSA" {
+            return refuse(format!(
+                "the call token's algorithm {:?} is not EdDSA",
+                header.alg
+            ));
+        }
         let Some(key) = header.kid.as_deref().and_then(|kid| self.keys.get(kid)) else {
             return refuse(format!(
                 "the call token's key {:?} is not one of the coordinator keys this participant \
@@ -279,20 +324,34 @@ impl CallVerifier {
                 header.kid.unwrap_or_default()
             ));
         };
-        let mut validation = Validation::new(Algorithm::EdDSA);
-        validation.leeway = CALL_LEEWAY_SECS;
-        validation.set_issuer(&[CALL_ISSUER]);
-        validation.set_audience(&self.targets);
-        validation.set_required_spec_claims(&["exp", "iss", "aud"]);
-        let claims = match jsonwebtoken::decode::<CallClaims>(token, key, &validation) {
-            Ok(data) => data.claims,
-            Err(e) => {
-                return refuse(format!(
-                    "call token not valid for {}: {e}",
-                    self.targets.join(" or ")
-                ));
-            }
+        let signature =
+            unb64(signature_b64).and_then(|s| ed25519_dalek::Signature::from_slice(&s).ok());
+        let signed = &token[..header_b64.len() + 1 + claims_b64.len()];
+        let verified = signature.is_some_and(|s| key.verify_strict(signed.as_bytes(), &s).is_ok());
+        if !verified {
+            return refuse("the call token's signature does not verify".into());
+        }
+        let Some(claims) =
+            unb64(claims_b64).and_then(|c| serde_json::from_slice::<CallClaims>(&c).ok())
+        else {
+            return refuse("malformed call token claims".into());
         };
+        if claims.iss != CALL_ISSUER {
+            return refuse(format!(
+                "the call token's issuer {:?} is not {CALL_ISSUER}",
+                claims.iss
+            ));
+        }
+        if !self.targets.contains(&claims.aud) {
+            return refuse(format!(
+                "call token not valid for {}: it names {:?}",
+                self.targets.join(" or "),
+                claims.aud
+            ));
+        }
+        if claims.exp + CALL_LEEWAY_SECS < unix_now() {
+            return refuse("the call token expired".into());
+        }
         if claims.exp.saturating_sub(claims.iat) > CALL_TOKEN_LIFETIME.as_secs() {
             return refuse(format!(
                 "the call token lives longer than {} s",
@@ -390,6 +449,25 @@ mod tests {
         parts[1].push_str("AAAA");
         assert!(verifier.verify(&parts.join("."), CALL).is_err());
         assert!(verifier.verify("not-a-token", CALL).is_err());
+    }
+
+    #[test]
+    fn a_call_token_is_a_standard_jwt() {
+        use ed25519_dalek::pkcs8::EncodePublicKey;
+        let signer = signer();
+        let token = signer.sign(TARGET, CALL).unwrap();
+        let public = ed25519_dalek::SigningKey::from_bytes(&[7; 32])
+            .verifying_key()
+            .to_public_key_pem(Default::default())
+            .unwrap();
+        let key = jsonwebtoken::DecodingKey::from_ed_pem(public.as_bytes()).unwrap();
+        let mut validation = jsonwebtoken::Validation::new(jsonwebtoken::Algorithm::EdDSA);
+        validation.set_audience(&[TARGET]);
+        validation.set_issuer(&[CALL_ISSUER]);
+        let data = jsonwebtoken::decode::<CallClaims>(&token, &key, &validation).unwrap();
+        assert_eq!(data.header.kid.as_deref(), Some(signer.kid()));
+        assert_eq!(data.claims.xid, CALL.xid);
+        assert_eq!(data.claims.action, "CONFIRM");
     }
 
     #[test]

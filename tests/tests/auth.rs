@@ -161,6 +161,33 @@ async fn bank(db: &'static TestDb<Sqlite>, keys: Option<&AuthKeys>) -> (String, 
     (url, server)
 }
 
+/// A coordinator with auth on (and signed branch calls, plus `extra` flags) on the test's
+/// database, and a bank that obeys only it.
+struct Setup {
+    keys: AuthKeys,
+    bank_url: String,
+    coordinator: InProcess,
+    _bank: RunningServer,
+    _dir: tempfile::TempDir,
+}
+
+async fn setup(db: &'static TestDb<Sqlite>, extra: &[String]) -> Setup {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = AuthKeys::new(dir.path());
+    let (bank_url, bank) = bank(db, Some(&keys)).await;
+    let mut flags = keys.flags();
+    flags.extend_from_slice(extra);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let coordinator = InProcess::start(&db.url, &flags).await;
+    Setup {
+        keys,
+        bank_url,
+        coordinator,
+        _bank: bank,
+        _dir: dir,
+    }
+}
+
 /// A committed TCC of `client`'s tenant moving `amount` from alice, waited for.
 async fn commit_tcc(client: &Coordinator, xid: &str, bank: &str, amount: i64) -> wire::Transaction {
     let options = TccOptions {
@@ -178,16 +205,11 @@ async fn commit_tcc(client: &Coordinator, xid: &str, bank: &str, amount: i64) ->
 #[tokio::test]
 async fn every_rpc_refuses_a_caller_it_cannot_trust_and_stores_nothing() {
     with_db::<Sqlite, _, _>(SCHEMAS, |db: &'static TestDb<Sqlite>| async move {
-        let dir = tempfile::tempdir().unwrap();
-        let keys = AuthKeys::new(dir.path());
-        let (bank_url, _bank) = bank(db, Some(&keys)).await;
-        // In the token file before the coordinator reads it.
-        let operator_token = keys.opaque("o", "acme", &["operator"]);
         let http_addr = free_addr().await;
-        let mut flags = keys.flags();
-        flags.extend(["--http-listen".into(), http_addr.to_string()]);
-        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-        let coordinator = InProcess::start(&db.url, &flags).await;
+        let s = setup(db, &["--http-listen".into(), http_addr.to_string()]).await;
+        let (keys, bank_url, coordinator) = (&s.keys, &s.bank_url, &s.coordinator);
+        // Appended to the token file: the coordinator re-reads it within 2 s.
+        let operator_token = keys.opaque("o", "acme", &["operator"]);
         let base = format!("http://{http_addr}");
 
         // acme's transaction, committed (so nothing moves in the background while counting).
@@ -196,8 +218,22 @@ async fn every_rpc_refuses_a_caller_it_cannot_trust_and_stores_nothing() {
             .await
             .with_token(&keys.jwt("orders", "acme", &["initiator"]))
             .unwrap();
-        let done = commit_tcc(&acme, "order-1", &bank_url, 5).await;
+        let done = commit_tcc(&acme, "order-1", bank_url, 5).await;
         assert_eq!(done.status(), wire::TxStatus::Committed);
+        // The operator's token is known once the file was re-read.
+        let probe = |token: String| {
+            let body = json!({});
+            async move { grpc(&coordinator.url, "dtx.v1.Admin/Stats", body, Some(&token)).await }
+        };
+        let mut known = false;
+        for _ in 0..50 {
+            known = probe(operator_token.clone()).await == Code::Ok;
+            if known {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(known, "the token file was not re-read within 5 s");
 
         let now = dtx_tests::auth::now();
         let expired = {
@@ -227,7 +263,7 @@ async fn every_rpc_refuses_a_caller_it_cannot_trust_and_stores_nothing() {
 
         let before = stored(db).await;
         let mut checked = 0;
-        for (rpc, body) in requests("order-1", &bank_url) {
+        for (rpc, body) in requests("order-1", bank_url) {
             let allowed = dtx_coordinator::auth::roles_for(rpc);
             let mut cases: Vec<(String, Option<&str>, Code)> = vec![
                 ("no token".into(), None, Code::Unauthenticated),
@@ -294,7 +330,7 @@ async fn every_rpc_refuses_a_caller_it_cannot_trust_and_stores_nothing() {
         let listed = admin.list_transactions(list).await.unwrap().into_inner();
         let xids: Vec<&str> = listed.transactions.iter().map(|t| t.xid.as_str()).collect();
         assert_eq!(xids, ["order-1"]);
-        coordinator.stop().await;
+        s.coordinator.stop().await;
     })
     .await;
 }
@@ -302,13 +338,9 @@ async fn every_rpc_refuses_a_caller_it_cannot_trust_and_stores_nothing() {
 #[tokio::test]
 async fn two_tenants_use_the_same_xid_apart() {
     with_db::<Sqlite, _, _>(SCHEMAS, |db: &'static TestDb<Sqlite>| async move {
-        let dir = tempfile::tempdir().unwrap();
-        let keys = AuthKeys::new(dir.path());
-        let (bank_url, _bank) = bank(db, Some(&keys)).await;
-        let flags = keys.flags();
-        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-        let coordinator = InProcess::start(&db.url, &flags).await;
-        let client = coordinator.client().await;
+        let s = setup(db, &[]).await;
+        let (keys, bank_url) = (&s.keys, &s.bank_url);
+        let client = s.coordinator.client().await;
         let acme = client
             .clone()
             .with_token(&keys.jwt("orders", "acme", &["initiator"]))
@@ -317,8 +349,8 @@ async fn two_tenants_use_the_same_xid_apart() {
             .clone()
             .with_token(&keys.jwt("orders", "globex", &["initiator"]))
             .unwrap();
-        let a = commit_tcc(&acme, "order-7", &bank_url, 10).await;
-        let g = commit_tcc(&globex, "order-7", &bank_url, 20).await;
+        let a = commit_tcc(&acme, "order-7", bank_url, 10).await;
+        let g = commit_tcc(&globex, "order-7", bank_url, 20).await;
         assert_eq!(a.status(), wire::TxStatus::Committed);
         assert_eq!(g.status(), wire::TxStatus::Committed);
         // Each caller sees its own under the xid it chose.
@@ -333,14 +365,14 @@ async fn two_tenants_use_the_same_xid_apart() {
             let confirms = dtx_tests::ledger::effects(&db.pool, scoped, "b1", "confirm").await;
             assert_eq!(confirms, n, "{scoped}");
         }
-        // A third tenant does not see it; a saga under the same xid in acme is a conflict.
+        // A third tenant does not see it.
         let initech = client
             .clone()
             .with_token(&keys.jwt("orders", "initech", &["initiator"]))
             .unwrap();
         let missing = initech.get("order-7").await.unwrap_err();
-        assert!(matches!(missing, dtx_sdk::Error::Rpc(ref s) if s.code() == Code::NotFound));
-        coordinator.stop().await;
+        assert!(matches!(missing, dtx_sdk::Error::Rpc(ref e) if e.code() == Code::NotFound));
+        s.coordinator.stop().await;
     })
     .await;
 }
@@ -348,12 +380,8 @@ async fn two_tenants_use_the_same_xid_apart() {
 #[tokio::test]
 async fn a_participant_obeys_only_calls_the_coordinator_signed_for_them() {
     with_db::<Sqlite, _, _>(SCHEMAS, |db: &'static TestDb<Sqlite>| async move {
-        let dir = tempfile::tempdir().unwrap();
-        let keys = AuthKeys::new(dir.path());
-        let (bank_url, _bank) = bank(db, Some(&keys)).await;
-        let flags = keys.flags();
-        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-        let coordinator = InProcess::start(&db.url, &flags).await;
+        let s = setup(db, &[]).await;
+        let (keys, bank_url, coordinator) = (&s.keys, s.bank_url.clone(), &s.coordinator);
         let token = keys.jwt("orders", "default", &["initiator"]);
         let client = coordinator.client().await.with_token(&token).unwrap();
 
@@ -461,7 +489,7 @@ async fn a_participant_obeys_only_calls_the_coordinator_signed_for_them() {
             .insert(CALL_TOKEN, registered.try_token.parse().unwrap());
         let answer = participant.branch(call).await.unwrap().into_inner();
         assert_eq!(answer.outcome(), wire::Outcome::Success);
-        coordinator.stop().await;
+        s.coordinator.stop().await;
     })
     .await;
 }

@@ -399,10 +399,27 @@ async fn malformed_and_conflicting_input_is_rejected_without_writing<DB: TestBac
         AlreadyExists,
         "different content",
         register_branch(RegisterBranchRequest {
-            target: "http://elsewhere:1".into(),
+            target: "http://127.0.0.2:1".into(),
             ..branch("open2", "b1", &bank)
         })
     );
+    // The coordinator calls only allowed targets (loopback by default): no door to the
+    // internal network, not even to the cloud's metadata service.
+    for target in [
+        "http://10.0.0.5:50051",
+        "http://169.254.169.254/latest/meta-data",
+    ] {
+        case!(
+            "register: a target outside --allow-target",
+            PermissionDenied,
+            "--allow-target",
+            register_branch(RegisterBranchRequest {
+                target: target.into(),
+                begin_timeout_ms: 60_000,
+                ..branch("not-allowed", "b1", &bank)
+            })
+        );
+    }
     case!(
         "register: after the decision",
         FailedPrecondition,
@@ -559,6 +576,19 @@ async fn malformed_and_conflicting_input_is_rejected_without_writing<DB: TestBac
             },
             AlreadyExists,
             "different saga definition",
+        ),
+        (
+            "saga: a step outside --allow-target",
+            SubmitSagaRequest {
+                xid: "saga-not-allowed".into(),
+                steps: vec![
+                    saga_step("a", &bank, &[]),
+                    saga_step("b", "http://internal.example.com:80", &["a"]),
+                ],
+                ..Default::default()
+            },
+            PermissionDenied,
+            "matches no rule",
         ),
         (
             "saga: a TCC transaction's xid",

@@ -17,12 +17,11 @@ async fn world_with_console<DB: TestBackend>(db: &'static TestDb<DB>) -> (World<
     (w, format!("http://{addr}"))
 }
 
-/// Fills `reason` (and `operator`) into the action form `#form`, submits it, checks the
-/// confirmation page repeats the reason, and confirms.
-async fn act_through_the_form(browser: &Browser, form: &str, reason: &str, operator: &str) {
+/// Types `fields` into the inputs of the form `#form` and submits it.
+async fn submit(browser: &Browser, form: &str, fields: &[(&str, &str)]) {
     let b = &browser.client;
     let form = b.find(Locator::Css(&format!("form#{form}"))).await.unwrap();
-    for (field, value) in [("reason", reason), ("operator", operator)] {
+    for (field, value) in fields {
         let input = form
             .find(Locator::Css(&format!("input[name={field}]")))
             .await
@@ -35,6 +34,13 @@ async fn act_through_the_form(browser: &Browser, form: &str, reason: &str, opera
         .click()
         .await
         .unwrap();
+}
+
+/// Fills `reason` (and `operator`) into the action form `#form`, submits it, checks the
+/// confirmation page repeats the reason, and confirms.
+async fn act_through_the_form(browser: &Browser, form: &str, reason: &str, operator: &str) {
+    let b = &browser.client;
+    submit(browser, form, &[("reason", reason), ("operator", operator)]).await;
     assert_eq!(browser.text("#reason").await, reason);
     b.find(Locator::Css("#do"))
         .await
@@ -242,28 +248,9 @@ async fn signing_in_with_a_token(db: &'static TestDb<dtx_sql::sqlx::Sqlite>) {
     let sign_in = |token: String| async move {
         b.goto(&format!("{console}/")).await.unwrap();
         assert_eq!(br.text("h2").await, "Sign in");
-        let form = b.find(Locator::Css("form#login")).await.unwrap();
-        form.find(Locator::Css("input[name=token]"))
-            .await
-            .unwrap()
-            .send_keys(&token)
-            .await
-            .unwrap();
-        form.find(Locator::Css("button"))
-            .await
-            .unwrap()
-            .click()
-            .await
-            .unwrap();
+        submit(br, "login", &[("token", &token)]).await;
     };
-    let sign_out = || async move {
-        b.find(Locator::Css("form#logout button"))
-            .await
-            .unwrap()
-            .click()
-            .await
-            .unwrap();
-    };
+    let sign_out = || submit(br, "logout", &[]);
 
     // A bad token stays on the sign-in page, saying why.
     sign_in("dtx_wrong".into()).await;

@@ -3,6 +3,7 @@
 //! Nothing here does I/O, so all of it is unit- and property-tested directly.
 
 pub mod alert;
+pub mod allow;
 pub mod backoff;
 pub mod graph;
 pub mod history;

@@ -27,6 +27,7 @@ use std::time::Duration;
 
 use tokio::sync::{Notify, mpsc, oneshot, watch};
 
+use crate::domain::allow::Allowlist;
 use crate::domain::history::{Entry, Event};
 use crate::domain::{BranchRow, GlobalRow, TxRecord, TxStatus};
 use crate::store::Store;
@@ -67,6 +68,8 @@ pub struct EngineConfig {
     /// Trust roots and client certificate for `https://` participants; `None`: such targets
     /// are not called (no roots to verify them with).
     pub participant_tls: Option<dtx_proto::tls::ClientTls>,
+    /// The branch targets (and webhooks) the coordinator may call (default: loopback only).
+    pub allow: Arc<Allowlist>,
 }
 
 impl Default for EngineConfig {
@@ -86,6 +89,7 @@ impl Default for EngineConfig {
             alerts: None,
             max_handler_labels: metrics::DEFAULT_MAX_HANDLER_LABELS,
             participant_tls: None,
+            allow: Arc::default(),
         }
     }
 }
@@ -235,7 +239,10 @@ impl Engine {
         Engine {
             inner: Arc::new(Inner {
                 store,
-                participants: Arc::new(Participants::new(config.participant_tls.clone())),
+                participants: Arc::new(Participants::new(
+                    config.participant_tls.clone(),
+                    config.allow.clone(),
+                )),
                 metrics: Metrics::new(config.max_handler_labels),
                 config,
                 active: Mutex::new(HashMap::new()),
@@ -272,6 +279,17 @@ impl Engine {
         call: dtx_proto::auth::Call<'_>,
     ) -> std::result::Result<Option<String>, String> {
         self.inner.participants.sign(target, call)
+    }
+
+    /// Refuses (PERMISSION_DENIED, naming the rules) a branch target `--allow-target` does
+    /// not allow, before anything is stored.
+    pub fn check_target(&self, target: &str) -> crate::error::Result<()> {
+        self.inner
+            .config
+            .allow
+            .check_url(target)
+            .map(drop)
+            .map_err(crate::Error::Forbidden)
     }
 
     pub fn metrics(&self) -> &Metrics {

@@ -1,6 +1,7 @@
 //! Calls to participant services, reduced to what the engine needs to know.
 
 use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
 use std::sync::{Arc, OnceLock, RwLock};
 use std::time::Duration;
 
@@ -15,6 +16,7 @@ use dtx_proto::v1::{BranchAction, BranchRequest, BranchResponse};
 use tonic::transport::Channel;
 
 use super::http_client::{self, Client};
+use crate::domain::allow::{Allowlist, Target};
 use crate::domain::job::CallOutcome;
 
 /// One branch call.
@@ -34,6 +36,8 @@ pub struct Call {
 /// connect with the new certificate, calls in flight finish on their connections.
 pub struct Participants {
     current: RwLock<Arc<Connections>>,
+    /// The targets that may be called, checked again against what a name resolves to now.
+    allow: Arc<Allowlist>,
     /// Signs every call (`x-dtx-call-token`) when a signing key is configured.
     signer: RwLock<Option<Arc<CallSigner>>>,
 }
@@ -90,9 +94,10 @@ impl Connections {
 }
 
 impl Participants {
-    pub fn new(tls: Option<ClientTls>) -> Self {
+    pub fn new(tls: Option<ClientTls>, allow: Arc<Allowlist>) -> Self {
         Participants {
             current: RwLock::new(Arc::new(Connections::new(tls))),
+            allow,
             signer: RwLock::new(None),
         }
     }
@@ -140,6 +145,12 @@ impl Participants {
             headers: call.headers,
         };
         let trace = TraceParent::of_headers(&request.headers).map(|t| attempt_span(&span, t));
+        // The target as it resolves now (DNS rebinding): outside the rules, the call is not
+        // made and counts as refused (a Confirm parks with the reason).
+        if let Err(refused) = self.check_resolved(&target).await {
+            tracing::warn!(parent: &span, target = %target, "{refused}");
+            return CallOutcome::Failure(refused);
+        }
         let answer = async {
             let token = self.sign(&target, auth::Call::of(&request))?;
             let sent = Sent {
@@ -158,6 +169,20 @@ impl Participants {
             Ok(Answer::Refused(reason)) => CallOutcome::Failure(reason),
             Ok(Answer::Unknown(seen)) => CallOutcome::Unknown(seen),
         }
+    }
+
+    /// Whether `target`'s host, resolved now, is still inside the allowlist.
+    async fn check_resolved(&self, target: &str) -> Result<(), String> {
+        let parsed = Target::parse(target)?;
+        let addrs: Vec<IpAddr> = match parsed.host.parse::<IpAddr>() {
+            Ok(addr) => vec![addr],
+            Err(_) => tokio::net::lookup_host((parsed.host.as_str(), parsed.port))
+                .await
+                .map_err(|e| format!("target {target}: cannot resolve {}: {e}", parsed.host))?
+                .map(|a| a.ip())
+                .collect(),
+        };
+        self.allow.check_addresses(&parsed, &addrs)
     }
 
     /// The `dtx.v1.Participant/Branch` call; `Err` when it could not be sent.

@@ -23,6 +23,9 @@ impl Engine {
         }
         limits::check_scoped_xid(&request.xid)?;
         let plan = SagaPlan::from_request(&request)?;
+        for step in &request.steps {
+            self.check_target(&step.target)?;
+        }
         if self.is_shutting_down() {
             return Err(Error::ShuttingDown);
         }

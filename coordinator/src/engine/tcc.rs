@@ -90,6 +90,7 @@ impl Engine {
         });
         limits::check_branch_id("branch_id", &branch.branch_id)?;
         limits::check_target("target", &branch.target)?;
+        self.check_target(&branch.target)?;
         limits::check_handler("handler", &branch.handler)?;
         limits::check_payload("payload", &branch.payload)?;
         limits::check_headers("headers", &branch.headers)?;
