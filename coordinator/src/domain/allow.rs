@@ -271,23 +271,35 @@ impl Allowlist {
     /// When a call is made: every address `target`'s host resolved to must be inside an
     /// address rule matching the rest of the target, or public when a name rule matched.
     pub fn check_addresses(&self, target: &Target, addrs: &[IpAddr]) -> Result<(), String> {
-        let named = self
-            .rules
-            .iter()
-            .any(|r| r.matches_rest(target) && r.names(&target.host));
         let url = format!("{}://{}:{}", target.scheme, target.host, target.port);
+        self.check_resolved(&url, &target.host, Some(target), addrs)
+    }
+
+    /// What a connection checks once more as it resolves `host` (only the name is known
+    /// there): every address inside some network rule, or public when a name rule names
+    /// `host`. Closes the gap between [`Allowlist::check_addresses`] and the connect.
+    pub fn check_host_addresses(&self, host: &str, addrs: &[IpAddr]) -> Result<(), String> {
+        self.check_resolved(host, host, None, addrs)
+    }
+
+    fn check_resolved(
+        &self,
+        url: &str,
+        host: &str,
+        target: Option<&Target>,
+        addrs: &[IpAddr],
+    ) -> Result<(), String> {
+        let applies = |r: &Rule| target.is_none_or(|t| r.matches_rest(t));
+        let named = self.rules.iter().any(|r| applies(r) && r.names(host));
         if addrs.is_empty() {
-            return Err(self.refusal(&url, "resolves to no address"));
+            return Err(self.refusal(url, "resolves to no address"));
         }
         for &addr in addrs {
-            let inside = self
-                .rules
-                .iter()
-                .any(|r| r.matches_rest(target) && r.contains(addr));
+            let inside = self.rules.iter().any(|r| applies(r) && r.contains(addr));
             let allowed = inside || (named && is_public(addr));
             if !allowed {
                 return Err(self.refusal(
-                    &url,
+                    url,
                     &format!("resolves to {addr}, outside the rules (DNS rebinding?)"),
                 ));
             }
@@ -447,6 +459,19 @@ mod tests {
             assert!(e.contains("DNS rebinding"), "{e}");
         }
         assert!(l.check_addresses(&t, &[]).is_err());
+        // At the connection, only the name is known: the same addresses decide.
+        assert!(
+            l.check_host_addresses("inv.internal", &[ip("10.2.3.4")])
+                .is_ok()
+        );
+        assert!(
+            l.check_host_addresses("inv.internal", &[ip("127.0.0.1")])
+                .is_err()
+        );
+        assert!(
+            l.check_host_addresses("other.example", &[ip("93.184.216.34")])
+                .is_err()
+        );
     }
 
     #[test]

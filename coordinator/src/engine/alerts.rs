@@ -49,7 +49,7 @@ pub(super) async fn run(engine: Engine, config: AlertConfig) {
         tls.system_roots = true;
         tls
     });
-    let client = match super::http_client::client_with(tls.as_ref()) {
+    let client = match super::http_client::client_with(tls.as_ref(), inner.config.allow.clone()) {
         Ok(client) => client,
         Err(e) => {
             tracing::error!(error = %e, "cannot build the webhook client; alerts are not sent");

@@ -1,41 +1,90 @@
 //! The coordinator's one HTTP/1.1 client (http and https: rustls on the ring provider, the
 //! system's roots), for alert webhooks and HTTP/JSON participants.
 
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
 use dtx_proto::tls::ClientTls;
+use futures::future::BoxFuture;
 use http_body_util::{BodyExt, Full, Limited};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::connect::dns::Name;
 use hyper_util::rt::TokioExecutor;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
-pub type Client = hyper_util::client::legacy::Client<
-    hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>,
-    Full<Bytes>,
->;
+use crate::domain::allow::Allowlist;
+
+pub type Client =
+    hyper_util::client::legacy::Client<hyper_rustls::HttpsConnector<Connector>, Full<Bytes>>;
+
+/// TCP connections to addresses the allowlist allows: the name is resolved here and every
+/// address checked ([`Allowlist::check_host_addresses`]), so the address connected to is the
+/// address checked (no second resolution for a rebinding DNS server to answer differently).
+pub type Connector = HttpConnector<AllowedResolver>;
+
+/// Resolves names for [`Connector`], refusing any that resolve outside the allowlist.
+#[derive(Clone)]
+pub struct AllowedResolver {
+    allow: Arc<Allowlist>,
+}
+
+impl tower::Service<Name> for AllowedResolver {
+    type Response = std::vec::IntoIter<SocketAddr>;
+    type Error = std::io::Error;
+    type Future = BoxFuture<'static, Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, name: Name) -> Self::Future {
+        let allow = self.allow.clone();
+        Box::pin(async move {
+            let addrs: Vec<SocketAddr> =
+                tokio::net::lookup_host((name.as_str(), 0)).await?.collect();
+            let ips: Vec<_> = addrs.iter().map(SocketAddr::ip).collect();
+            allow
+                .check_host_addresses(name.as_str(), &ips)
+                .map_err(|e| std::io::Error::new(std::io::ErrorKind::PermissionDenied, e))?;
+            Ok(addrs.into_iter())
+        })
+    }
+}
+
+/// A plain TCP connector that resolves through the allowlist (TLS goes on top of it).
+pub fn connector(allow: Arc<Allowlist>) -> Connector {
+    let mut http = HttpConnector::new_with_resolver(AllowedResolver { allow });
+    http.enforce_http(false);
+    http.set_nodelay(true);
+    http.set_connect_timeout(Some(Duration::from_secs(3)));
+    http
+}
 
 /// Largest answer body read; a longer one is an error (an HTTP participant's answer is a
 /// `BranchResponse`, whose result is at most 64 KiB before base64).
 const MAX_ANSWER_BYTES: usize = 1 << 20;
 
-/// The client of alert webhooks: the system's roots.
-pub fn client() -> std::io::Result<Client> {
+/// The client of alert webhooks: the system's roots, the allowlist's addresses.
+pub fn client(allow: Arc<Allowlist>) -> std::io::Result<Client> {
     // Installing fails only when a provider is already installed: either one serves.
     let _ = rustls::crypto::ring::default_provider().install_default();
     let https = hyper_rustls::HttpsConnectorBuilder::new()
         .with_native_roots()?
         .https_or_http()
         .enable_http1()
-        .build();
+        .wrap_connector(connector(allow));
     Ok(hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build(https))
 }
 
 /// The client of HTTP/JSON participants: `tls`'s roots and client certificate (the system's
 /// roots when `None`; `https://` targets are refused before a call without roots anyway).
-pub fn client_with(tls: Option<&ClientTls>) -> std::io::Result<Client> {
+pub fn client_with(tls: Option<&ClientTls>, allow: Arc<Allowlist>) -> std::io::Result<Client> {
     let Some(tls) = tls else {
-        return client();
+        return client(allow);
     };
     let invalid = |e: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, e);
     let mut roots = rustls::RootCertStore::empty();
@@ -74,7 +123,7 @@ pub fn client_with(tls: Option<&ClientTls>) -> std::io::Result<Client> {
         .with_tls_config(config)
         .https_or_http()
         .enable_http1()
-        .build();
+        .wrap_connector(connector(allow));
     Ok(hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build(https))
 }
 
@@ -113,4 +162,38 @@ pub async fn post_json(
     tokio::time::timeout(timeout, exchange)
         .await
         .unwrap_or_else(|_| Err(format!("no answer within {} ms", timeout.as_millis())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::str::FromStr;
+    use tower::ServiceExt;
+
+    /// The connection's own check: a name allowed by a name rule that resolves to loopback
+    /// (no loopback network allowed) is not connected to; with the network allowed it is.
+    #[tokio::test]
+    async fn the_connection_resolves_through_the_allowlist() {
+        let name_only = Arc::new(Allowlist::parse(&["http://localhost"]).unwrap());
+        let resolver = AllowedResolver { allow: name_only };
+        let refused = resolver
+            .oneshot(Name::from_str("localhost").unwrap())
+            .await
+            .unwrap_err();
+        assert_eq!(refused.kind(), std::io::ErrorKind::PermissionDenied);
+        assert!(
+            refused.to_string().contains("outside the rules"),
+            "{refused}"
+        );
+
+        let resolver = AllowedResolver {
+            allow: Arc::new(Allowlist::default()),
+        };
+        let addrs: Vec<_> = resolver
+            .oneshot(Name::from_str("localhost").unwrap())
+            .await
+            .unwrap()
+            .collect();
+        assert!(addrs.iter().all(|a| a.ip().is_loopback()), "{addrs:?}");
+    }
 }

@@ -50,14 +50,17 @@ struct Connections {
     http: OnceLock<Result<Client, String>>,
     /// For `https://` targets; `None`: they are not called.
     tls: Option<ClientTls>,
+    /// Every connection resolves through it (the address connected to is the one checked).
+    allow: Arc<Allowlist>,
 }
 
 impl Connections {
-    fn new(tls: Option<ClientTls>) -> Self {
+    fn new(tls: Option<ClientTls>, allow: Arc<Allowlist>) -> Self {
         Connections {
             clients: RwLock::default(),
             http: OnceLock::new(),
             tls,
+            allow,
         }
     }
 
@@ -80,11 +83,10 @@ impl Connections {
         // `https://` is TLS with ALPN h2, never plain HTTP/2.
         let endpoint = dtx_proto::tls::endpoint(target, self.tls_for(target)?)
             .map_err(|e| format!("target {target:?}: {e}"))?
-            .connect_timeout(Duration::from_secs(3))
-            .tcp_nodelay(true)
             .http2_keep_alive_interval(Duration::from_secs(30))
             .keep_alive_while_idle(false);
-        let client = ParticipantClient::new(endpoint.connect_lazy());
+        let connector = http_client::connector(self.allow.clone());
+        let client = ParticipantClient::new(endpoint.connect_with_connector_lazy(connector));
         self.clients
             .write()
             .expect("participants lock")
@@ -96,7 +98,7 @@ impl Connections {
 impl Participants {
     pub fn new(tls: Option<ClientTls>, allow: Arc<Allowlist>) -> Self {
         Participants {
-            current: RwLock::new(Arc::new(Connections::new(tls))),
+            current: RwLock::new(Arc::new(Connections::new(tls, allow.clone()))),
             allow,
             signer: RwLock::new(None),
         }
@@ -117,7 +119,8 @@ impl Participants {
 
     /// New trust roots or client certificate for `https://` participants (a reload).
     pub fn set_tls(&self, tls: Option<ClientTls>) {
-        *self.current.write().expect("participants lock") = Arc::new(Connections::new(tls));
+        *self.current.write().expect("participants lock") =
+            Arc::new(Connections::new(tls, self.allow.clone()));
     }
 
     fn connections(&self) -> Arc<Connections> {
@@ -237,7 +240,7 @@ impl Participants {
         let client = connections
             .http
             .get_or_init(|| {
-                http_client::client_with(connections.tls.as_ref())
+                http_client::client_with(connections.tls.as_ref(), connections.allow.clone())
                     .map_err(|e| format!("no HTTP client for participants: {e}"))
             })
             .as_ref()
