@@ -10,11 +10,15 @@
 //! | no answer within the call timeout, transport error, undecodable reply | unknown | the request may have been delivered and committed |
 //! | the call was never sent (the target is not a valid endpoint) | not sent | nothing left this process |
 //!
+//! The texts are a participant's words: kept as one line of at most 512 bytes
+//! ([`crate::present::reason`]) before they reach logs, the history, alerts or the console.
+//!
 //! Unknown is retried with backoff (the barrier makes repeats safe); a saga step abandoned in
 //! doubt is compensated, never skipped.
 
 use tonic::Status;
 
+use crate::present::reason;
 use crate::v1::{BranchResponse, Outcome};
 
 /// The class of one branch-call answer (see the module table).
@@ -33,12 +37,12 @@ impl Answer {
     pub fn of_response(response: BranchResponse) -> Answer {
         match response.outcome() {
             Outcome::Success => Answer::Success(response.result),
-            Outcome::Failure => Answer::Refused(if response.message.is_empty() {
+            Outcome::Failure => Answer::Refused(reason(&if response.message.is_empty() {
                 String::from_utf8_lossy(&response.result).into_owned()
             } else {
                 response.message
-            }),
-            Outcome::Retry => Answer::Unknown(format!("RETRY: {}", response.message)),
+            })),
+            Outcome::Retry => Answer::Unknown(format!("RETRY: {}", reason(&response.message))),
             Outcome::Unspecified => Answer::Unknown("answer without an outcome".into()),
         }
     }
@@ -55,9 +59,9 @@ impl Answer {
             next = cause.source();
         }
         Answer::Unknown(format!(
-            "{:?} (a status without a response proves nothing about the effect): {}{causes}",
+            "{:?} (a status without a response proves nothing about the effect): {}",
             status.code(),
-            status.message()
+            reason(&format!("{}{causes}", status.message()))
         ))
     }
 

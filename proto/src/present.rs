@@ -1,6 +1,29 @@
 //! How the contract's values read to people (the `dtx` CLI and the web console): enum names
 //! without their prefix, epoch milliseconds as UTC times.
 
+/// Longest text kept of a participant's (or a peer's) error, in bytes: what reaches the log,
+/// the history, the alerts and the console.
+pub const MAX_REASON_BYTES: usize = 512;
+
+/// A participant's error text as it may be stored and shown: control characters escaped (no
+/// forged log lines or terminal escapes), cut at [`MAX_REASON_BYTES`] on a character boundary
+/// with the cut marked. A participant's words are data, never markup or log structure.
+pub fn reason(text: &str) -> String {
+    let mut out = String::with_capacity(text.len().min(MAX_REASON_BYTES + 16));
+    for (at, c) in text.char_indices() {
+        if out.len() >= MAX_REASON_BYTES {
+            out.push_str(&format!(" ... [{} more bytes cut]", text.len() - at));
+            return out;
+        }
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// An enum value's name without its prefix: `TX_STATUS_COMMITTED` -> `COMMITTED`.
 pub fn short(name: &str, prefix: &str) -> String {
     name.trim_start_matches(prefix).to_string()
@@ -41,6 +64,19 @@ mod tests {
         assert_eq!(utc(1), "1970-01-01 00:00:00.001");
         assert_eq!(utc(951_782_400_000), "2000-02-29 00:00:00.000");
         assert_eq!(utc(1_796_320_401_213), "2026-12-03 17:53:21.213");
+    }
+
+    #[test]
+    fn reasons_are_one_line_of_bounded_text() {
+        assert_eq!(reason("no funds"), "no funds");
+        assert_eq!(
+            reason("ok\nlevel=ERROR forged\x1b[31m"),
+            "ok\\nlevel=ERROR forged\\u{1b}[31m"
+        );
+        let long = "é".repeat(400);
+        let cut = reason(&long);
+        assert!(cut.len() < MAX_REASON_BYTES + 32, "{}", cut.len());
+        assert!(cut.ends_with(" ... [288 more bytes cut]"), "{cut}");
     }
 
     #[test]
