@@ -203,6 +203,17 @@ pub struct Config {
     #[arg(long = "allow-target", env = "DTX_ALLOW_TARGET", value_delimiter = ',')]
     pub allow_targets: Vec<String>,
 
+    /// Most transactions one tenant may begin per second on this instance (Begin, SubmitSaga,
+    /// a RegisterBranch that begins); 0 = unlimited. Over it: RESOURCE_EXHAUSTED with
+    /// `retry-after`.
+    #[arg(long, env = "DTX_QUOTA_BEGINS_PER_SECOND", default_value_t = 0)]
+    pub quota_begins_per_second: u32,
+
+    /// Most payload bytes (branch and saga step payloads) one tenant may send per minute on
+    /// this instance; 0 = unlimited.
+    #[arg(long, env = "DTX_QUOTA_PAYLOAD_BYTES_PER_MINUTE", default_value_t = 0)]
+    pub quota_payload_bytes_per_minute: u32,
+
     /// Most open connections on the gRPC listener (`--listen`); it has its own, so a flood on
     /// another listener cannot take what initiators need. Further connections are closed at
     /// once.
@@ -328,6 +339,14 @@ impl Config {
         .flatten()
         .cloned()
         .collect()
+    }
+
+    /// The per-tenant quotas.
+    pub fn quota_limits(&self) -> crate::quota::Limits {
+        crate::quota::Limits {
+            begins_per_second: self.quota_begins_per_second,
+            payload_bytes_per_minute: self.quota_payload_bytes_per_minute,
+        }
     }
 
     /// Where the callers' keys come from (auth is off when neither file is given).

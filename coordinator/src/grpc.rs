@@ -10,31 +10,60 @@ use dtx_proto::v1::coordinator_server::{Coordinator, CoordinatorServer};
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
+use std::sync::Arc;
+
 use crate::auth::{Auth, Caller};
 use crate::domain::{BranchState, Decision, Kind, TxRecord, TxStatus};
 use crate::engine::{Engine, NewBranch, Operator};
 use crate::error::Error;
+use crate::quota::Quotas;
 
 /// The gRPC face of an [`Engine`].
 pub struct CoordinatorService {
     engine: Engine,
     auth: Auth,
+    /// Shared with the HTTP/JSON front end: one tenant's buckets whichever way it calls.
+    quotas: Arc<Quotas>,
 }
 
 impl CoordinatorService {
     /// The service itself, for the HTTP/JSON front end (which calls its methods directly).
-    pub fn plain(engine: Engine, auth: Auth) -> Self {
-        CoordinatorService { engine, auth }
+    pub fn plain(engine: Engine, auth: Auth, quotas: Arc<Quotas>) -> Self {
+        CoordinatorService {
+            engine,
+            auth,
+            quotas,
+        }
     }
 
-    pub fn new(engine: Engine, auth: Auth) -> SizeGuard<CoordinatorServer<Self>> {
+    pub fn new(
+        engine: Engine,
+        auth: Auth,
+        quotas: Arc<Quotas>,
+    ) -> SizeGuard<CoordinatorServer<Self>> {
         // The decoding limit comes from the contract: every request within the limits (and
         // one somewhat over a field limit, which then gets that field's message) decodes; a
         // larger one is refused before it is buffered, and the guard names the limits.
         SizeGuard::new(
-            CoordinatorServer::new(CoordinatorService { engine, auth })
+            CoordinatorServer::new(Self::plain(engine, auth, quotas))
                 .max_decoding_message_size(limits::MAX_REQUEST_BYTES),
         )
+    }
+
+    /// Charges `caller`'s tenant for a begin (when `begins`) and `payload_bytes`, before
+    /// anything is stored; RESOURCE_EXHAUSTED (counted) over a quota.
+    fn charge(&self, caller: &Caller, begins: bool, payload_bytes: usize) -> Result<(), Status> {
+        let charged = match begins {
+            true => self.quotas.begin(&caller.tenant),
+            false => Ok(()),
+        }
+        .and_then(|()| self.quotas.payload(&caller.tenant, payload_bytes));
+        charged.map_err(|e| {
+            self.engine
+                .metrics()
+                .quota_rejected(&caller.tenant, e.quota);
+            e.status
+        })
     }
 
     /// The caller of `Coordinator/<method>`, checked before anything else happens.
@@ -204,6 +233,7 @@ impl Coordinator for CoordinatorService {
         let req = request.into_inner();
         traced!("begin", req.xid, {
             let (xid, key) = caller.scope_or_new(req.xid)?;
+            self.charge(&caller, true, 0)?;
             let row = self.engine.begin(Some(key), req.timeout_ms).await?;
             Ok(Response::new(wire::BeginResponse {
                 xid,
@@ -221,6 +251,7 @@ impl Coordinator for CoordinatorService {
         let req = with_caller_trace(request, |r| &mut r.headers);
         traced!("register_branch", req.xid, {
             let key = caller.scope(&req.xid)?;
+            self.charge(&caller, req.begin_timeout_ms != 0, req.payload.len())?;
             let call_timeout = limits::timeout(
                 "call_timeout_ms",
                 req.call_timeout_ms,
@@ -311,6 +342,12 @@ impl Coordinator for CoordinatorService {
         traced!("submit_saga", req.xid, {
             let (xid, key) = caller.scope_or_new(std::mem::take(&mut req.xid))?;
             req.xid = key;
+            let payload: usize = req
+                .steps
+                .iter()
+                .map(|s| s.action_payload.len() + s.compensate_payload.len())
+                .sum();
+            self.charge(&caller, true, payload)?;
             let wait = match req.wait_timeout_ms {
                 0 => None,
                 ms => Some(

@@ -77,10 +77,18 @@ service_routes!(admin_routes, ADMIN_METHODS, AdminService, "dtx.v1.Admin", {
 });
 
 /// The routes of both services.
-pub fn router(engine: Engine, auth: crate::auth::Auth) -> Router {
+pub fn router(
+    engine: Engine,
+    auth: crate::auth::Auth,
+    quotas: Arc<crate::quota::Quotas>,
+) -> Router {
     let router = coordinator_routes(
         Router::new(),
-        Arc::new(CoordinatorService::plain(engine.clone(), auth.clone())),
+        Arc::new(CoordinatorService::plain(
+            engine.clone(),
+            auth.clone(),
+            quotas,
+        )),
     );
     admin_routes(router, Arc::new(AdminService::plain(engine, auth)))
         // The body limit is checked by `decode`, with a message naming it.

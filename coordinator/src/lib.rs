@@ -23,6 +23,7 @@ pub mod error;
 pub mod grpc;
 pub mod http_api;
 pub mod listen;
+pub mod quota;
 pub mod server;
 pub mod startup;
 pub mod store;

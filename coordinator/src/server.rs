@@ -43,6 +43,7 @@ pub async fn run(
     );
 
     let auth = startup::auth(&config)?;
+    let quotas = Arc::new(crate::quota::Quotas::new(config.quota_limits()));
     report_auth(&auth, &config);
     let tls = startup::tls(&config)?;
     if let Some(tls) = &tls {
@@ -73,7 +74,7 @@ pub async fn run(
             body_timeout: None,
             max_body_bytes: None,
         },
-        router: grpc_router(&engine, &auth).await?,
+        router: grpc_router(&engine, &auth, &quotas).await?,
         tls: tls_for(true),
     }];
     if let Some(addr) = config.http_listen {
@@ -85,7 +86,7 @@ pub async fn run(
             socket,
             protocol: Protocol::Http,
             limits: http(config.http_max_connections, crate::http_api::MAX_BODY_BYTES),
-            router: crate::http_api::router(engine.clone(), auth.clone()),
+            router: crate::http_api::router(engine.clone(), auth.clone(), quotas.clone()),
             tls: tls_for(true),
         });
     }
@@ -137,6 +138,7 @@ pub async fn run(
     for listener in &listeners {
         engine.metrics().listener_serving(listener.name, &reasons);
     }
+    engine.metrics().quotas_serving(&crate::quota::QUOTA_NAMES);
     if let Some(tls) = tls {
         let files = tls.files();
         let reload = move || tls.reload();
@@ -195,7 +197,11 @@ pub async fn run(
 }
 
 /// The gRPC services: Coordinator, Admin, health (both named) and reflection v1 and v1alpha.
-async fn grpc_router(engine: &Engine, auth: &Auth) -> Result<axum::Router> {
+async fn grpc_router(
+    engine: &Engine,
+    auth: &Auth,
+    quotas: &Arc<crate::quota::Quotas>,
+) -> Result<axum::Router> {
     let (health, health_service) = tonic_health::server::health_reporter();
     health
         .set_serving::<dtx_proto::v1::coordinator_server::CoordinatorServer<CoordinatorService>>()
@@ -215,7 +221,11 @@ async fn grpc_router(engine: &Engine, auth: &Auth) -> Result<axum::Router> {
     let routes = tonic::service::Routes::new(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
-        .add_service(CoordinatorService::new(engine.clone(), auth.clone()))
+        .add_service(CoordinatorService::new(
+            engine.clone(),
+            auth.clone(),
+            quotas.clone(),
+        ))
         .add_service(AdminService::new(engine.clone(), auth.clone()));
     Ok(routes.prepare().into_axum_router())
 }

@@ -493,3 +493,87 @@ async fn a_participant_obeys_only_calls_the_coordinator_signed_for_them() {
     })
     .await;
 }
+
+/// Quotas per tenant: past its begins per second a tenant is RESOURCE_EXHAUSTED (gRPC with
+/// `retry-after` metadata, HTTP/JSON 429 with `Retry-After`), nothing stored, counted by
+/// tenant; another tenant is not charged; after the wait it may begin again.
+#[tokio::test]
+async fn a_tenant_past_its_quota_waits_and_others_do_not() {
+    with_db::<Sqlite, _, _>(SCHEMAS, |db: &'static TestDb<Sqlite>| async move {
+        let (http_addr, metrics_addr) = (free_addr().await, free_addr().await);
+        let extra = [
+            "--quota-begins-per-second",
+            "2",
+            "--http-listen",
+            &http_addr.to_string(),
+            "--metrics-listen",
+            &metrics_addr.to_string(),
+        ]
+        .map(String::from);
+        let s = setup(db, &extra).await;
+        let (acme, globex) = (
+            s.keys.jwt("orders", "acme", &["initiator"]),
+            s.keys.jwt("orders", "globex", &["initiator"]),
+        );
+        let begin = |xid: &str| json!({"xid": xid, "timeoutMs": 60000});
+        let url = &s.coordinator.url;
+        for xid in ["q-1", "q-2"] {
+            assert_eq!(
+                grpc(url, "dtx.v1.Coordinator/Begin", begin(xid), Some(&acme)).await,
+                Code::Ok
+            );
+        }
+        let before = stored(db).await;
+        let mut client = CoordinatorClient::connect(url.clone()).await.unwrap();
+        let mut request = tonic::Request::new(wire::BeginRequest {
+            xid: "q-3".into(),
+            timeout_ms: 60_000,
+        });
+        request.metadata_mut().insert(
+            "authorization",
+            dtx_proto::auth::bearer_value(&acme).unwrap(),
+        );
+        let refused = client.begin(request).await.unwrap_err();
+        assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+        assert!(
+            refused.message().contains("--quota-begins-per-second"),
+            "{refused:?}"
+        );
+        assert_eq!(refused.metadata().get("retry-after").unwrap(), "1");
+        let answer = reqwest::Client::new()
+            .post(format!("http://{http_addr}/dtx.v1.Coordinator/Begin"))
+            .bearer_auth(&acme)
+            .header("content-type", "application/json")
+            .body(begin("q-4").to_string())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), 429);
+        assert_eq!(answer.headers()["retry-after"], "1");
+        assert_eq!(stored(db).await, before, "a refused begin stored something");
+        // Another tenant is not charged for acme's calls.
+        assert_eq!(
+            grpc(url, "dtx.v1.Coordinator/Begin", begin("q-1"), Some(&globex)).await,
+            Code::Ok
+        );
+        let scrape = reqwest::get(format!("http://{metrics_addr}/metrics"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let line = scrape
+            .lines()
+            .find(|l| l.starts_with("dtx_quota_rejections_total{") && l.contains("\"acme\""))
+            .unwrap_or_else(|| panic!("no rejection counted:\n{scrape}"));
+        assert!(line.ends_with(" 2"), "{line}");
+        // After the wait, acme begins again.
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        assert_eq!(
+            grpc(url, "dtx.v1.Coordinator/Begin", begin("q-5"), Some(&acme)).await,
+            Code::Ok
+        );
+        s.coordinator.stop().await;
+    })
+    .await;
+}

@@ -49,6 +49,7 @@ pub const METRIC_NAMES: &[&str] = &[
     "dtx_store_errors_total",
     "dtx_alert_deliveries_total",
     "dtx_listener_refusals_total",
+    "dtx_quota_rejections_total",
 ];
 
 /// What a scrape reads from the store and the engine at that moment.
@@ -234,6 +235,10 @@ fn describe() {
         "Connections refused and requests cut by a listener (grpc, http, console, metrics), by reason: connection_cap, accept_failed, header_timeout, body_timeout, body_too_large, cut_at_shutdown."
     );
     describe_counter!(
+        "dtx_quota_rejections_total",
+        "Calls refused RESOURCE_EXHAUSTED by a tenant's quota, by tenant and quota (begins_per_second, payload_bytes_per_minute)."
+    );
+    describe_counter!(
         "dtx_alert_deliveries_total",
         "Alert webhook calls, by result (delivered: a 2xx answer; failed: anything else)."
     );
@@ -309,6 +314,27 @@ impl Metrics {
         self.with(|| {
             counter!("dtx_branch_retries_total", "handler" => handler, "action" => action)
                 .increment(1)
+        });
+    }
+
+    /// A call refused by `tenant`'s `quota`.
+    pub fn quota_rejected(&self, tenant: &str, quota: &'static str) {
+        let tenant = tenant.to_string();
+        self.with(|| {
+            counter!("dtx_quota_rejections_total", "tenant" => tenant, "quota" => quota)
+                .increment(1)
+        });
+    }
+
+    /// Exports the quota counters of the default tenant at zero, so the series exist (and
+    /// dashboards' `rate()` works) before the first rejection.
+    pub fn quotas_serving(&self, quotas: &[&'static str]) {
+        self.with(|| {
+            for &quota in quotas {
+                let tenant = dtx_proto::limits::DEFAULT_TENANT;
+                counter!("dtx_quota_rejections_total", "tenant" => tenant, "quota" => quota)
+                    .increment(0);
+            }
         });
     }
 
@@ -425,6 +451,7 @@ mod tests {
                 "dtx_branch_retries_total",
                 "dtx_alert_deliveries_total",
                 "dtx_listener_refusals_total",
+                "dtx_quota_rejections_total",
             ]
             .contains(name)
             {
