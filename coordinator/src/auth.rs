@@ -98,6 +98,24 @@ pub struct Caller {
     pub authenticated: bool,
 }
 
+impl Caller {
+    /// The stored key of this caller's transaction `xid` (its tenant's scope); the key is
+    /// also the xid participants see.
+    pub fn scope(&self, xid: &str) -> Result<String, Status> {
+        dtx_proto::limits::scoped_xid(&self.tenant, xid).map_err(|e| Status::invalid_argument(e.0))
+    }
+
+    /// `xid`, or a fresh one when empty, and its stored key.
+    pub fn scope_or_new(&self, xid: String) -> Result<(String, String), Status> {
+        let xid = match xid.is_empty() {
+            true => uuid::Uuid::new_v4().to_string(),
+            false => xid,
+        };
+        let key = self.scope(&xid)?;
+        Ok((xid, key))
+    }
+}
+
 /// Checks a caller's token (or lets everyone in, when off). Cheap to clone; the keys are
 /// swapped whole when their files change.
 #[derive(Clone, Default)]

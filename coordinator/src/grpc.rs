@@ -1,6 +1,7 @@
 //! The `dtx.v1.Coordinator` service: request conversion, engine calls, and the one place where
 //! errors become gRPC codes.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use dtx_proto::codec::SizeGuard;
@@ -9,8 +10,6 @@ use dtx_proto::v1 as wire;
 use dtx_proto::v1::coordinator_server::{Coordinator, CoordinatorServer};
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
-
-use std::sync::Arc;
 
 use crate::auth::{Auth, Caller};
 use crate::domain::{BranchState, Decision, Kind, TxRecord, TxStatus};
@@ -70,20 +69,6 @@ impl CoordinatorService {
     fn caller<T>(&self, request: &Request<T>, method: &str) -> Result<Caller, Status> {
         self.auth
             .caller(request.metadata(), &format!("dtx.v1.Coordinator/{method}"))
-    }
-}
-
-impl Caller {
-    /// The stored key of this caller's transaction `xid` (its tenant's scope).
-    pub fn scope(&self, xid: &str) -> Result<String, Status> {
-        limits::scoped_xid(&self.tenant, xid).map_err(|e| Status::invalid_argument(e.0))
-    }
-
-    /// `xid`, or a fresh one when empty, and its stored key.
-    fn scope_or_new(&self, xid: String) -> Result<(String, String), Status> {
-        let xid = non_empty(xid).unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
-        let key = self.scope(&xid)?;
-        Ok((xid, key))
     }
 }
 
@@ -196,10 +181,6 @@ fn saga_dependencies(spec: Option<&[u8]>) -> std::collections::HashMap<String, V
                 .collect()
         })
         .unwrap_or_default()
-}
-
-fn non_empty(s: String) -> Option<String> {
-    (!s.is_empty()).then_some(s)
 }
 
 fn wait_for(wait: bool, millis: u64) -> Result<Option<Duration>, Status> {

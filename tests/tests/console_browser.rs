@@ -266,7 +266,8 @@ async fn signing_in_with_a_token(db: &'static TestDb<dtx_sql::sqlx::Sqlite>) {
     let queue = browser.text("#transactions").await;
     assert!(queue.contains("order-77"), "{queue}");
     b.goto(&format!("{console}/tx/order-77")).await.unwrap();
-    act_through_the_form(&browser, "resume", "limit raised", "").await;
+    // Refused before the confirmation step.
+    submit(&browser, "resume", &[("reason", "limit raised")]).await;
     let refused = browser.text("#banner").await;
     assert!(refused.contains("needs the role operator"), "{refused}");
     sign_out().await;
@@ -275,7 +276,7 @@ async fn signing_in_with_a_token(db: &'static TestDb<dtx_sql::sqlx::Sqlite>) {
     sign_in(stranger).await;
     assert!(!browser.text("main").await.contains("order-77"));
     b.goto(&format!("{console}/tx/order-77")).await.unwrap();
-    assert!(browser.text("#banner").await.contains("unknown xid"));
+    assert!(browser.text("#banner").await.contains("no transaction"));
     sign_out().await;
 
     // The operator resumes it; the history names the token's subject.
