@@ -1010,6 +1010,32 @@ async fn read_branch<C: Conn>(
 mod tests {
     use super::*;
 
+    /// A listing's tenant and prefix become LIKE patterns in which `_` is a character, not a
+    /// wildcard: tenant `a_c` must not list tenant `abc`'s transactions, and the default
+    /// tenant lists no scoped key even under a prefix the key starts with.
+    #[test]
+    fn listing_patterns_keep_tenants_apart() {
+        let q = |tenant: Option<&str>, prefix: Option<&str>| ListQuery {
+            tenant: tenant.map(String::from),
+            xid_prefix: prefix.map(String::from),
+            ..ListQuery::default()
+        };
+        let patterns = |tenant, prefix| {
+            list_patterns(&q(tenant, prefix))
+                .into_iter()
+                .map(|(like, p)| format!("{like} {p}"))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(patterns(Some("a_c"), Some("o_1")), ["LIKE a!_c/o!_1%"]);
+        assert_eq!(patterns(Some("acme"), None), ["LIKE acme/%"]);
+        assert_eq!(
+            patterns(Some(dtx_proto::limits::DEFAULT_TENANT), Some("a")),
+            ["NOT LIKE %/%", "LIKE a%"]
+        );
+        assert_eq!(patterns(None, Some("x_")), ["LIKE x!_%"]);
+        assert!(patterns(None, None).is_empty());
+    }
+
     /// Every status, kind and decision spelled inside the store's SQL is one the enums parse.
     #[test]
     fn every_literal_in_the_sql_is_an_enum_spelling() {
