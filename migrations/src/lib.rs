@@ -13,6 +13,8 @@
 //!   [`assert_literals_known`] checks the literals in SQL text against those spellings),
 //!   [`Savepoint`] isolates part of a transaction, [`delete_limit!`] / [`delete_batched`] /
 //!   [`purge_batched`] delete old rows in bounded batches.
+//! * **Cancellation**: [`detached`] runs a database conversation to its end even when the
+//!   request that started it goes away.
 //!
 //! Why not sqlx's `Any` driver: it has no placeholder translation and drops types; why not
 //! generic code over `sqlx::Database`: the trait bounds it needs are not implied and would have to
@@ -24,6 +26,7 @@ pub use sqlx;
 
 mod backend;
 mod conn;
+mod detached;
 mod dialect;
 mod enums;
 mod literals;
@@ -32,6 +35,7 @@ mod savepoint;
 
 pub use backend::{Backend, Schema};
 pub use conn::{Arg, Conn, SqlRow};
+pub use detached::detached;
 pub use dialect::{Dialect, Sql};
 pub use literals::{assert_literals_known, sql_literals};
 pub use purge::{delete_batched, purge_batched};

@@ -275,75 +275,86 @@ impl<DB: Backend> ParticipantServer<DB> {
         };
         let trace_id = call.trace().map(|t| t.trace_hex()).unwrap_or_default();
         let span = tracing::info_span!("branch", xid = %call.xid, branch = %call.branch_id, %action, %trace_id);
+        let work = run_with_retries(
+            self.pool.clone(),
+            handler.clone(),
+            call,
+            self.conflict_retries,
+        );
         // Instrumented, not entered: a guard held across `.await` would leak the span into
-        // whatever else runs on this thread while the call is suspended.
-        Ok(self.run_with_retries(handler, &call).instrument(span).await)
+        // whatever else runs on this thread while the call is suspended. Detached: a caller
+        // that goes away must not cut the local transaction midway (see `dtx_sql::detached`);
+        // the call finishes and its answer waits in the barrier for the caller's retry.
+        Ok(dtx_sql::detached(work.instrument(span)).await)
     }
+}
 
-    async fn run_with_retries(
-        &self,
-        handler: &Handler<DB::Conn>,
-        call: &BranchCall,
-    ) -> BranchResponse {
-        let mut attempt = 0;
-        loop {
-            match self.run_once(handler, call).await {
-                Ok(answer) => {
-                    metrics::call(&call.handler, call.action, Some(answer.detail));
-                    return to_wire(answer);
+/// Runs one call's local transaction, again while it loses lock conflicts.
+async fn run_with_retries<DB: Backend>(
+    pool: Pool<DB>,
+    handler: Handler<DB::Conn>,
+    call: BranchCall,
+    conflict_retries: u32,
+) -> BranchResponse {
+    let (handler, call) = (&handler, &call);
+    let mut attempt = 0;
+    loop {
+        match run_once(&pool, handler, call).await {
+            Ok(answer) => {
+                metrics::call(&call.handler, call.action, Some(answer.detail));
+                return to_wire(answer);
+            }
+            Err(Error::Database(e))
+                if dtx_sql::is_lock_conflict(&e) && attempt < conflict_retries =>
+            {
+                attempt += 1;
+                metrics::lock_conflict(&call.handler);
+                tracing::debug!(attempt, error = %e, "lock conflict, running the branch again");
+                tokio::time::sleep(Duration::from_millis(5 * u64::from(attempt))).await;
+            }
+            Err(e) => {
+                let kind = failure_kind(&e);
+                if matches!(e, Error::Barrier(_)) {
+                    tracing::error!(error = %e, kind, "branch rolled back; answering RETRY");
+                } else {
+                    tracing::warn!(error = %e, kind, "branch rolled back; answering RETRY");
                 }
-                Err(Error::Database(e))
-                    if dtx_sql::is_lock_conflict(&e) && attempt < self.conflict_retries =>
-                {
-                    attempt += 1;
-                    metrics::lock_conflict(&call.handler);
-                    tracing::debug!(attempt, error = %e, "lock conflict, running the branch again");
-                    tokio::time::sleep(Duration::from_millis(5 * u64::from(attempt))).await;
-                }
-                Err(e) => {
-                    let kind = failure_kind(&e);
-                    if matches!(e, Error::Barrier(_)) {
-                        tracing::error!(error = %e, kind, "branch rolled back; answering RETRY");
-                    } else {
-                        tracing::warn!(error = %e, kind, "branch rolled back; answering RETRY");
-                    }
-                    metrics::call(&call.handler, call.action, None);
-                    return BranchResponse {
-                        outcome: Outcome::Retry as i32,
-                        result: Vec::new(),
-                        message: e.to_string(),
-                        detail: OutcomeDetail::Unspecified as i32,
-                    };
-                }
+                metrics::call(&call.handler, call.action, None);
+                return BranchResponse {
+                    outcome: Outcome::Retry as i32,
+                    result: Vec::new(),
+                    message: e.to_string(),
+                    detail: OutcomeDetail::Unspecified as i32,
+                };
             }
         }
     }
+}
 
-    async fn run_once(
-        &self,
-        handler: &Handler<DB::Conn>,
-        call: &BranchCall,
-    ) -> Result<Answer, Error> {
-        // The handler name is part of the request: the same ids sent to another handler are a
-        // different call. Headers are not (trace ids differ per attempt).
-        let request = RequestHash::of_parts(&[call.handler.as_bytes(), &call.payload]);
-        let key = BranchKey::new(&call.xid, &call.branch_id, call.action)?.with_request(request);
-        let mut tx = DB::begin(&self.pool).await?;
-        let conn = DB::conn(&mut tx);
-        let handler = handler.clone();
-        let owned = call.clone();
-        let answer = barrier::call(conn, key, move |conn| handler(conn, owned)).await;
-        match answer {
-            Ok(answer) => {
-                tx.commit().await?;
-                Ok(answer)
-            }
-            Err(e) => {
-                // Rolling back explicitly returns the connection clean; a failure here only
-                // means the connection is gone, which drops the transaction anyway.
-                let _ = tx.rollback().await;
-                Err(e)
-            }
+async fn run_once<DB: Backend>(
+    pool: &Pool<DB>,
+    handler: &Handler<DB::Conn>,
+    call: &BranchCall,
+) -> Result<Answer, Error> {
+    // The handler name is part of the request: the same ids sent to another handler are a
+    // different call. Headers are not (trace ids differ per attempt).
+    let request = RequestHash::of_parts(&[call.handler.as_bytes(), &call.payload]);
+    let key = BranchKey::new(&call.xid, &call.branch_id, call.action)?.with_request(request);
+    let mut tx = DB::begin(pool).await?;
+    let conn = DB::conn(&mut tx);
+    let handler = handler.clone();
+    let owned = call.clone();
+    let answer = barrier::call(conn, key, move |conn| handler(conn, owned)).await;
+    match answer {
+        Ok(answer) => {
+            tx.commit().await?;
+            Ok(answer)
+        }
+        Err(e) => {
+            // Rolling back explicitly returns the connection clean; a failure here only
+            // means the connection is gone, which drops the transaction anyway.
+            let _ = tx.rollback().await;
+            Err(e)
         }
     }
 }

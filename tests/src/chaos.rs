@@ -27,6 +27,10 @@
 //!   windows.
 //! * `d-reorder`: phase two delivered out of order at the participant: after the coordinator's
 //!   Confirm succeeded, a Cancel of the same branch arrives (and a Confirm after a Cancel).
+//! * `e-abandon`: the caller goes away mid-call (a deadline, a reset stream) and the
+//!   participant's handler future is dropped wherever it stands, usually inside its local
+//!   transaction. A database connection cut mid-conversation must not come back to the pool out
+//!   of step: the run checks every bank connection is returned at the end (`connections`).
 //!
 //! Beyond "every transaction terminal, every effect once, the ledger balances", the checks name
 //! what they found: a saga step whose action ran but was neither compensated nor part of a
@@ -51,7 +55,7 @@ use tonic::transport::Server;
 use crate::coordinator::Process;
 use crate::db::{TestBackend, TestDb};
 use crate::ledger;
-use crate::net::serve_on;
+use crate::net::{SplitLink, serve_on};
 use crate::participant::{Bank, CallRecord, FaultRates, Faults, payload};
 use dtx_sdk::barrier::Action;
 
@@ -201,15 +205,17 @@ pub enum Class {
     Skew,
     Status,
     Reorder,
+    Abandon,
 }
 
 impl Class {
-    pub const ALL: [Class; 5] = [
+    pub const ALL: [Class; 6] = [
         Class::Base,
         Class::Slow,
         Class::Skew,
         Class::Status,
         Class::Reorder,
+        Class::Abandon,
     ];
 
     pub fn name(self) -> &'static str {
@@ -219,6 +225,7 @@ impl Class {
             Class::Skew => "b-skew",
             Class::Status => "c-status",
             Class::Reorder => "d-reorder",
+            Class::Abandon => "e-abandon",
         }
     }
 }
@@ -263,6 +270,15 @@ pub struct ReorderClass {
     pub rate: f64,
 }
 
+/// Class e: callers that go away mid-call.
+#[derive(Debug, Clone)]
+pub struct AbandonClass {
+    /// Fraction of calls whose caller goes away.
+    pub rate: f64,
+    /// It goes away at a uniformly drawn moment within this long of the call's arrival.
+    pub within: Duration,
+}
+
 /// The fault classes a run adds to `base` (`None`: off).
 #[derive(Debug, Clone, Default)]
 pub struct Classes {
@@ -270,6 +286,7 @@ pub struct Classes {
     pub skew: Option<SkewClass>,
     pub status: Option<StatusClass>,
     pub reorder: Option<ReorderClass>,
+    pub abandon: Option<AbandonClass>,
 }
 
 impl Classes {
@@ -293,11 +310,15 @@ impl Classes {
                 window: Some((Duration::from_secs(4), Duration::from_millis(400))),
             }),
             reorder: Some(ReorderClass { rate: 0.5 }),
+            abandon: Some(AbandonClass {
+                rate: 0.4,
+                within: Duration::from_millis(6),
+            }),
         }
     }
 
-    /// `all`, `none`, or a comma-separated list of `slow`, `skew`, `status`, `reorder`
-    /// (or `a`, `b`, `c`, `d`), each with the settings of [`Classes::all`].
+    /// `all`, `none`, or a comma-separated list of `slow`, `skew`, `status`, `reorder`,
+    /// `abandon` (or `a` to `e`), each with the settings of [`Classes::all`].
     pub fn parse(list: &str) -> Result<Classes, String> {
         let all = Classes::all();
         let mut out = Classes::default();
@@ -309,6 +330,7 @@ impl Classes {
                 "skew" | "b" => out.skew = all.skew.clone(),
                 "status" | "c" => out.status = all.status.clone(),
                 "reorder" | "d" => out.reorder = all.reorder.clone(),
+                "abandon" | "e" => out.abandon = all.abandon.clone(),
                 other => return Err(format!("unknown fault class {other:?}")),
             }
         }
@@ -329,6 +351,9 @@ impl Classes {
         }
         if self.reorder.is_some() {
             out.push(Class::Reorder);
+        }
+        if self.abandon.is_some() {
+            out.push(Class::Abandon);
         }
         out
     }
@@ -355,7 +380,8 @@ pub struct Anomaly {
     /// ledger totals).
     pub class: Option<Class>,
     /// What was found: `lost-compensation`, `both-phases`, `premature-rollback`,
-    /// `lease-overlap`, `unsettled`, `effects`, `barrier`, `status-read`, `ledger`, `store`.
+    /// `lease-overlap`, `unsettled`, `effects`, `barrier`, `status-read`, `ledger`, `store`,
+    /// `connections`.
     pub kind: &'static str,
     pub text: String,
 }
@@ -553,6 +579,11 @@ fn class_rates(cfg: &ChaosConfig, class: Class) -> Option<FaultRates> {
             status_before: s.before,
             status_after: s.after,
             status_window: s.window,
+            ..FaultRates::default()
+        }),
+        Class::Abandon => c.abandon.as_ref().map(|a| FaultRates {
+            abandon: a.rate,
+            abandon_within: a.within,
             ..FaultRates::default()
         }),
         Class::Reorder => c.reorder.as_ref().map(|r| FaultRates {
@@ -754,6 +785,25 @@ async fn start_coordinator(
     }
 }
 
+/// A [`SplitLink`] to the database of `url` and the same URL through it.
+async fn split_link(url: &str) -> (String, SplitLink) {
+    let scheme_end = url.find("://").expect("a database URL") + 3;
+    let rest = &url[scheme_end..];
+    let host_start = scheme_end + rest.find('@').map_or(0, |at| at + 1);
+    let host_end = host_start
+        + url[host_start..]
+            .find('/')
+            .unwrap_or(url.len() - host_start);
+    let upstream = tokio::net::lookup_host(&url[host_start..host_end])
+        .await
+        .expect("the database's address")
+        .next()
+        .expect("an address");
+    let link = SplitLink::start(upstream, Duration::from_millis(2)).await;
+    let through = format!("{}{}{}", &url[..host_start], link.addr, &url[host_end..]);
+    (through, link)
+}
+
 /// A free loopback address for a coordinator.
 async fn free_addr() -> std::net::SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -941,7 +991,23 @@ fn check_one(
 }
 
 /// Runs the harness on a fresh coordinator database and a fresh bank database of kind `DB`.
-pub async fn run<DB: TestBackend>(mut cfg: ChaosConfig) -> Option<ChaosReport> {
+/// A run that does not finish within its workload, settling and teardown bounds (plus two
+/// minutes) is a hang: it panics with the seed that replays it instead of waiting forever.
+pub async fn run<DB: TestBackend>(cfg: ChaosConfig) -> Option<ChaosReport> {
+    let (seed, bound) = (
+        cfg.seed,
+        cfg.duration + cfg.settle_within + Duration::from_secs(120),
+    );
+    match tokio::time::timeout(bound, run_bounded::<DB>(cfg)).await {
+        Ok(report) => report,
+        Err(_) => panic!(
+            "the chaos run did not finish within {bound:?}: something hangs \
+             (replay with DTX_CHAOS_SEED={seed})"
+        ),
+    }
+}
+
+async fn run_bounded<DB: TestBackend>(mut cfg: ChaosConfig) -> Option<ChaosReport> {
     if cfg.classes.skew.is_some() && !crate::coordinator::faketime_or_skip("chaos class b-skew") {
         cfg.classes.skew = None;
     }
@@ -971,15 +1037,23 @@ pub async fn run<DB: TestBackend>(mut cfg: ChaosConfig) -> Option<ChaosReport> {
     let scheme = if cfg.tls.is_some() { "https" } else { "http" };
     let bank = format!("{scheme}://{}", listener.local_addr().unwrap());
     let verifier = cfg.auth.as_ref().map(|a| a.keys.verifier(&[&bank]));
+    // Class e: the bank reaches its database over a link that splits every answer, so a
+    // call dropped mid-conversation is usually dropped mid-read.
+    let (bank_pool, _link) = match (&cfg.classes.abandon, DB::admin_url()) {
+        (Some(_), Some(_)) => {
+            let (url, link) = split_link(&bank_db.url).await;
+            let pool = DB::connect(&url, 16)
+                .await
+                .expect("connect to the bank database over the split link");
+            (pool, Some(link))
+        }
+        _ => (bank_db.pool.clone(), None),
+    };
     let bank_service =
-        Bank::configured(
-            bank_db.pool.clone(),
-            faults.clone(),
-            |server| match verifier {
-                Some(verifier) => server.verify_calls(verifier),
-                None => server,
-            },
-        );
+        Bank::configured(bank_pool.clone(), faults.clone(), |server| match verifier {
+            Some(verifier) => server.verify_calls(verifier),
+            None => server,
+        });
     let bank_server = serve_on(
         listener,
         builder.add_service(bank_service.into_http_service()),
@@ -1236,7 +1310,33 @@ pub async fn run<DB: TestBackend>(mut cfg: ChaosConfig) -> Option<ChaosReport> {
     for p in procs.iter_mut().filter_map(Option::take) {
         p.kill().await;
     }
-    bank_server.stop().await;
+    if tokio::time::timeout(Duration::from_secs(10), bank_server.stop())
+        .await
+        .is_err()
+    {
+        report.anomalies.push(Anomaly {
+            class: None,
+            kind: "connections",
+            text: "the bank's calls had not all finished 10 s after the workload ended".into(),
+        });
+    }
+    // Every bank connection comes back: one cut mid-conversation and returned out of step
+    // would hang whoever used it next (and this close, forever).
+    let checked_out = bank_pool.size() as usize - bank_pool.num_idle();
+    if tokio::time::timeout(Duration::from_secs(10), bank_pool.close())
+        .await
+        .is_err()
+    {
+        report.anomalies.push(Anomaly {
+            class: None,
+            kind: "connections",
+            text: format!(
+                "{checked_out} of the bank's {} database connections were still checked out \
+                 10 s after the workload ended",
+                bank_pool.size()
+            ),
+        });
+    }
     store.drop_database().await;
     bank_db.drop_database().await;
     Some(report)

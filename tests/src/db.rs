@@ -8,6 +8,7 @@
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
 
 use dtx_sql::sqlx::{self, Pool};
 use dtx_sql::{Backend, Dialect, Schema};
@@ -134,13 +135,31 @@ impl<DB: TestBackend> TestDb<DB> {
         rows
     }
 
-    /// Closes the pool and drops the database.
+    /// Closes the pool and drops the database. Bounded: a connection that never comes back to
+    /// the pool (a test's own finding, reported by the test) must not hang the teardown, so the
+    /// database is dropped from under whatever connections are left.
     pub async fn drop_database(&self) {
-        self.pool.close().await;
+        if tokio::time::timeout(Duration::from_secs(10), self.pool.close())
+            .await
+            .is_err()
+        {
+            eprintln!(
+                "test database {}: connections still checked out 10 s into closing",
+                self.name
+            );
+        }
         if let Some(admin) = &self.admin_url
             && let Ok(admin_pool) = DB::connect(admin, 1).await
         {
-            let sql = format!("DROP DATABASE IF EXISTS {}", self.name);
+            let sql = match DB::DIALECT {
+                Dialect::Postgres => format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name),
+                // A session left inside a transaction holds metadata locks the drop would wait
+                // on for a year (the default lock_wait_timeout).
+                _ => format!(
+                    "SET SESSION lock_wait_timeout = 10; DROP DATABASE IF EXISTS {}",
+                    self.name
+                ),
+            };
             if let Err(e) = DB::execute_script(&admin_pool, sql).await {
                 eprintln!("could not drop test database {}: {e}", self.name);
             }

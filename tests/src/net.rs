@@ -283,3 +283,62 @@ where
         }),
     )
 }
+
+/// A TCP link to `upstream` (a database) on which every answer arrives in two pieces: its first
+/// four bytes, then the rest `gap` later - a congested network's segments. A client reading a
+/// packet header and then waiting for the body is suspended in between far more often than on
+/// loopback, which is where a request dropped mid-read hurts. Stops when dropped.
+pub struct SplitLink {
+    pub addr: SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl SplitLink {
+    pub async fn start(upstream: SocketAddr, gap: std::time::Duration) -> SplitLink {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind port 0");
+        let addr = listener.local_addr().expect("local addr");
+        let task = tokio::spawn(async move {
+            let mut links = tokio::task::JoinSet::new();
+            while let Ok((client, _)) = listener.accept().await {
+                links.spawn(async move {
+                    let Ok(server) = tokio::net::TcpStream::connect(upstream).await else {
+                        return;
+                    };
+                    let _ = (client.set_nodelay(true), server.set_nodelay(true));
+                    let (mut client_read, mut client_write) = client.into_split();
+                    let (mut server_read, mut server_write) = server.into_split();
+                    let requests = tokio::io::copy(&mut client_read, &mut server_write);
+                    let answers = async move {
+                        let mut buf = vec![0u8; 64 * 1024];
+                        loop {
+                            let n = match server_read.read(&mut buf).await {
+                                Ok(0) | Err(_) => break,
+                                Ok(n) => n,
+                            };
+                            let split = n.min(4);
+                            if client_write.write_all(&buf[..split]).await.is_err() {
+                                break;
+                            }
+                            tokio::time::sleep(gap).await;
+                            if client_write.write_all(&buf[split..n]).await.is_err() {
+                                break;
+                            }
+                        }
+                    };
+                    tokio::select! {
+                        _ = requests => {}
+                        () = answers => {}
+                    }
+                });
+            }
+        });
+        SplitLink { addr, task }
+    }
+}
+
+impl Drop for SplitLink {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}

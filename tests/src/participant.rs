@@ -72,6 +72,10 @@ pub enum Fault {
     Delay(Duration),
     /// The call is delivered twice, concurrently; the first answer is returned.
     Duplicate,
+    /// The caller goes away this long after the call arrived (its deadline, a reset stream):
+    /// the delivery's future is dropped wherever it stands, the way a server drops the handler
+    /// of a reset HTTP/2 stream, and the caller sees CANCELLED.
+    Abandon(Duration),
     /// A status-only answer instead of the participant's response: the call never reaches
     /// the barrier (`after: false`) or runs and its answer is replaced (`after: true`).
     Status { how: StatusAnswer, after: bool },
@@ -122,6 +126,10 @@ pub struct FaultRates {
     /// TCC phase two out of order: once a branch's Confirm succeeded, its Cancel is delivered
     /// too (and a Confirm after a successful Cancel), directly at the participant.
     pub reorder: f64,
+    /// Any call: the caller goes away at a random moment within `abandon_within` of its
+    /// arrival, usually while the participant is mid-way through its local transaction.
+    pub abandon: f64,
+    pub abandon_within: Duration,
 }
 
 /// Scripted faults per (branch_id, action); `"*"` matches every branch. Optionally also random
@@ -295,6 +303,8 @@ impl Faults {
             Some(Fault::Status { how, after: false })
         } else if draw(r.status_after) {
             Some(Fault::Status { how, after: true })
+        } else if draw(r.abandon) {
+            Some(Fault::Abandon(r.abandon_within.mul_f64(v)))
         } else {
             None
         }
@@ -598,6 +608,12 @@ impl<DB: Backend> Participant for Bank<DB> {
                     answer
                 });
                 late.await.expect("late delivery")
+            }
+            Some(Fault::Abandon(after)) => {
+                match tokio::time::timeout(after, self.deliver(request)).await {
+                    Ok(answer) => answer,
+                    Err(_) => Err(Status::cancelled("injected: the caller went away mid-call")),
+                }
             }
             Some(Fault::Duplicate) => {
                 let (first, _second) =

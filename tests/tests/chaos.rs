@@ -1,7 +1,8 @@
 //! The chaos harness in its short configuration (see `dtx_tests::chaos`; the long run is the
 //! `chaos` binary, README "Chaos"). Three coordinator processes on one database (one of them
 //! under a skewed clock), SIGKILLed at random moments and while slow calls are in flight,
-//! faults at every participant call, status-only answers; every invariant checked at the end.
+//! faults at every participant call, status-only answers, callers that go away mid-call; every
+//! invariant checked at the end.
 //!
 //! `DTX_CHAOS_SEED` replays a run; `DTX_CHAOS_COORDINATOR_BIN` runs another coordinator binary
 //! (e.g. one built from an older commit, to see the harness find what was fixed since).
@@ -39,9 +40,9 @@ fn check(report: Option<ChaosReport>) {
     assert!(report.kills > 0, "the short run must kill coordinators");
 }
 
-/// Classes a (slow calls in flight at a kill, short deadlines), b (a skewed instance) and c
-/// (status-only answers), with the base mix.
-const FIXED: &str = "slow,skew,status";
+/// Classes a (slow calls in flight at a kill, short deadlines), b (a skewed instance), c
+/// (status-only answers) and e (callers that go away mid-call), with the base mix.
+const FIXED: &str = "slow,skew,status,abandon";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn chaos_short_postgres() {
@@ -60,7 +61,7 @@ async fn chaos_short_mariadb() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn chaos_short_sqlite() {
     let _one = ONE_AT_A_TIME.lock().await;
-    let mut config = config("slow,status", 250);
+    let mut config = config("slow,status,abandon", 250);
     config.coordinators = 1;
     config.concurrency = 8;
     check(run::<sqlx::Sqlite>(config).await);

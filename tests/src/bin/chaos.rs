@@ -37,7 +37,7 @@ struct Args {
     #[arg(long, default_value_t = 32)]
     concurrency: usize,
     /// Fault classes besides the base mix: `all`, `none`, or a list of `slow` (a), `skew`
-    /// (b), `status` (c), `reorder` (d).
+    /// (b), `status` (c), `reorder` (d), `abandon` (e).
     #[arg(long, default_value = "all")]
     classes: String,
     /// The skewed instance's clock offset (libfaketime syntax).
