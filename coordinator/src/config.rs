@@ -214,6 +214,13 @@ pub struct Config {
     #[arg(long, env = "DTX_QUOTA_PAYLOAD_BYTES_PER_MINUTE", default_value_t = 0)]
     pub quota_payload_bytes_per_minute: u32,
 
+    /// Most transactions one tenant may have in flight (begun, not yet finished; parked ones
+    /// wait for a person and do not count), across every instance; 0 = unlimited. Read from
+    /// the store at most once a second per tenant and instance, counting this instance's
+    /// begins in between.
+    #[arg(long, env = "DTX_QUOTA_TRANSACTIONS_IN_FLIGHT", default_value_t = 0)]
+    pub quota_transactions_in_flight: u32,
+
     /// Most open connections on the gRPC listener (`--listen`); it has its own, so a flood on
     /// another listener cannot take what initiators need. Further connections are closed at
     /// once.
@@ -346,6 +353,7 @@ impl Config {
         crate::quota::Limits {
             begins_per_second: self.quota_begins_per_second,
             payload_bytes_per_minute: self.quota_payload_bytes_per_minute,
+            transactions_in_flight: self.quota_transactions_in_flight,
         }
     }
 

@@ -49,14 +49,27 @@ impl CoordinatorService {
         )
     }
 
-    /// Charges `caller`'s tenant for a begin (when `begins`) and `payload_bytes`, before
-    /// anything is stored; RESOURCE_EXHAUSTED (counted) over a quota.
-    fn charge(&self, caller: &Caller, begins: bool, payload_bytes: usize) -> Result<(), Status> {
+    /// Charges `caller`'s tenant for a begin (when `begins`: its rate and its transactions in
+    /// flight) and `payload_bytes`, before anything is stored; RESOURCE_EXHAUSTED (counted)
+    /// over a quota.
+    async fn charge(
+        &self,
+        caller: &Caller,
+        begins: bool,
+        payload_bytes: usize,
+    ) -> Result<(), Status> {
+        let tenant = caller.tenant.as_str();
         let charged = match begins {
-            true => self.quotas.begin(&caller.tenant),
+            true => match self.quotas.begin(tenant) {
+                Ok(()) => {
+                    let count = |up_to| self.engine.count_in_flight(tenant, up_to);
+                    self.quotas.in_flight(tenant, count).await
+                }
+                refused => refused,
+            },
             false => Ok(()),
         }
-        .and_then(|()| self.quotas.payload(&caller.tenant, payload_bytes));
+        .and_then(|()| self.quotas.payload(tenant, payload_bytes));
         charged.map_err(|e| {
             self.engine
                 .metrics()
@@ -214,7 +227,7 @@ impl Coordinator for CoordinatorService {
         let req = request.into_inner();
         traced!("begin", req.xid, {
             let (xid, key) = caller.scope_or_new(req.xid)?;
-            self.charge(&caller, true, 0)?;
+            self.charge(&caller, true, 0).await?;
             let row = self.engine.begin(Some(key), req.timeout_ms).await?;
             Ok(Response::new(wire::BeginResponse {
                 xid,
@@ -232,7 +245,8 @@ impl Coordinator for CoordinatorService {
         let req = with_caller_trace(request, |r| &mut r.headers);
         traced!("register_branch", req.xid, {
             let key = caller.scope(&req.xid)?;
-            self.charge(&caller, req.begin_timeout_ms != 0, req.payload.len())?;
+            self.charge(&caller, req.begin_timeout_ms != 0, req.payload.len())
+                .await?;
             let call_timeout = limits::timeout(
                 "call_timeout_ms",
                 req.call_timeout_ms,
@@ -328,7 +342,7 @@ impl Coordinator for CoordinatorService {
                 .iter()
                 .map(|s| s.action_payload.len() + s.compensate_payload.len())
                 .sum();
-            self.charge(&caller, true, payload)?;
+            self.charge(&caller, true, payload).await?;
             let wait = match req.wait_timeout_ms {
                 0 => None,
                 ms => Some(

@@ -52,12 +52,18 @@ impl<DB: Backend> Lease<DB> {
     /// periodically, so nobody takes the record over while it is still running.
     /// [`Error::LeaseLost`] if it already was taken over - stop and don't complete.
     pub async fn renew(&self) -> Result<(), Error> {
-        let store = &self.store;
-        let now = store.now_ms();
-        let mut tx = DB::begin(&store.pool).await?;
-        let until = store.lease_until(now);
-        let owned = sql::renew(DB::conn(&mut tx), &self.key, &self.token, until, now).await?;
-        tx.commit().await?;
+        let (store, key, token) = (self.store.clone(), self.key.clone(), self.token.clone());
+        // Detached (as every database conversation of lease mode): a request that goes away
+        // must not hand its connection back mid-read (see `dtx_sql::detached`).
+        let owned = dtx_sql::detached(async move {
+            let now = store.now_ms();
+            let mut tx = DB::begin(&store.pool).await?;
+            let until = store.lease_until(now);
+            let owned = sql::renew(DB::conn(&mut tx), &key, &token, until, now).await?;
+            tx.commit().await?;
+            Ok::<_, Error>(owned)
+        })
+        .await?;
         if owned { Ok(()) } else { Err(Error::LeaseLost) }
     }
 
@@ -113,6 +119,10 @@ impl<DB: Backend> Lease<DB> {
     /// check decides once the lease has expired. A result over the limits parks the record
     /// (the effect happened but cannot be replayed) and returns the limit error.
     pub async fn complete(self, completion: Completion) -> Result<Answer, Error> {
+        dtx_sql::detached(self.record(completion)).await
+    }
+
+    async fn record(self, completion: Completion) -> Result<Answer, Error> {
         let store = &self.store;
         let now = store.now_ms();
         let mut tx = DB::begin(&store.pool).await?;
@@ -170,7 +180,9 @@ impl<DB: Backend> Idempotency<DB> {
     /// Claims `key` for a request with `hash`, or says why not (see [`crate::decide`]).
     /// Waits up to [`Idempotency::wait`] for a live lease to finish.
     pub async fn claim(&self, key: &Key, hash: &RequestHash) -> Result<Claim<DB>, Error> {
-        let claim = self.acquire(key, hash).await?;
+        let (store, owned_key, hash) = (self.clone(), key.clone(), *hash);
+        let claim =
+            dtx_sql::detached(async move { store.acquire(&owned_key, &hash).await }).await?;
         let outcome = match &claim {
             Claim::Owned(lease) => Some(lease.won),
             Claim::Answered(answer) => Outcome::of_answer(answer),

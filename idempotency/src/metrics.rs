@@ -61,6 +61,9 @@ pub(crate) enum Outcome {
     Conflict,
     /// The record waits for a person.
     Parked,
+    /// A new key over its tenant's limit ([`crate::http::IdempotencyLayer::limit_new_keys`]):
+    /// refused, nothing stored.
+    Limited,
 }
 
 impl Outcome {
@@ -73,6 +76,7 @@ impl Outcome {
             Outcome::InProgress => "in_progress",
             Outcome::Conflict => "conflict",
             Outcome::Parked => "parked",
+            Outcome::Limited => "limited",
         }
     }
 

@@ -29,8 +29,12 @@
 //!   Confirm succeeded, a Cancel of the same branch arrives (and a Confirm after a Cancel).
 //! * `e-abandon`: the caller goes away mid-call (a deadline, a reset stream) and the
 //!   participant's handler future is dropped wherever it stands, usually inside its local
-//!   transaction. A database connection cut mid-conversation must not come back to the pool out
-//!   of step: the run checks every bank connection is returned at the end (`connections`).
+//!   transaction; initiators also abandon reads of finished transactions, which the coordinator
+//!   serves from its store. Bank and coordinators reach their databases over a link that splits
+//!   every answer, so the drops land mid-read. A database connection cut mid-conversation must
+//!   not come back to the pool out of step: the run checks every bank connection is returned
+//!   at the end (`connections`) and every transaction settles (a coordinator whose pool ran dry
+//!   does not settle them).
 //!
 //! Beyond "every transaction terminal, every effect once, the ledger balances", the checks name
 //! what they found: a saga step whose action ran but was neither compensated nor part of a
@@ -785,23 +789,13 @@ async fn start_coordinator(
     }
 }
 
-/// A [`SplitLink`] to the database of `url` and the same URL through it.
-async fn split_link(url: &str) -> (String, SplitLink) {
-    let scheme_end = url.find("://").expect("a database URL") + 3;
-    let rest = &url[scheme_end..];
-    let host_start = scheme_end + rest.find('@').map_or(0, |at| at + 1);
-    let host_end = host_start
-        + url[host_start..]
-            .find('/')
-            .unwrap_or(url.len() - host_start);
-    let upstream = tokio::net::lookup_host(&url[host_start..host_end])
-        .await
-        .expect("the database's address")
-        .next()
-        .expect("an address");
-    let link = SplitLink::start(upstream, Duration::from_millis(2)).await;
-    let through = format!("{}{}{}", &url[..host_start], link.addr, &url[host_end..]);
-    (through, link)
+/// Class e at the coordinator: reads of `xid` whose caller goes away within `within`, while
+/// the coordinator (its driver done) reads the store.
+async fn abandoned_reads(client: &Coordinator, xid: &str, within: Duration, seed: u64) {
+    for k in 0..3 {
+        let u = crate::seeded_unit(seed, format!("{xid}/abandoned-read/{k}").as_bytes());
+        let _ = tokio::time::timeout(within.mul_f64(u), client.get(xid)).await;
+    }
 }
 
 /// A free loopback address for a coordinator.
@@ -1041,7 +1035,7 @@ async fn run_bounded<DB: TestBackend>(mut cfg: ChaosConfig) -> Option<ChaosRepor
     // call dropped mid-conversation is usually dropped mid-read.
     let (bank_pool, _link) = match (&cfg.classes.abandon, DB::admin_url()) {
         (Some(_), Some(_)) => {
-            let (url, link) = split_link(&bank_db.url).await;
+            let (url, link) = SplitLink::to_database(&bank_db.url).await;
             let pool = DB::connect(&url, 16)
                 .await
                 .expect("connect to the bank database over the split link");
@@ -1059,12 +1053,21 @@ async fn run_bounded<DB: TestBackend>(mut cfg: ChaosConfig) -> Option<ChaosRepor
         builder.add_service(bank_service.into_http_service()),
     );
 
+    // Class e, the coordinators' side: they reach their store over a split link too, and
+    // initiators abandon reads (below) mid-query.
+    let (store_url, _store_link) = match (&cfg.classes.abandon, DB::admin_url()) {
+        (Some(_), Some(_)) => {
+            let (url, link) = SplitLink::to_database(&store.url).await;
+            (url, Some(link))
+        }
+        _ => (store.url.clone(), None),
+    };
     let mut processes = Vec::new();
     let mut addrs = Vec::new();
     for i in 0..cfg.coordinators {
         let addr = free_addr().await;
         addrs.push(addr);
-        processes.push(Some(start_coordinator(&cfg, &store.url, addr, i).await));
+        processes.push(Some(start_coordinator(&cfg, &store_url, addr, i).await));
     }
     let mut clients = Vec::new();
     for p in &processes {
@@ -1092,7 +1095,7 @@ async fn run_bounded<DB: TestBackend>(mut cfg: ChaosConfig) -> Option<ChaosRepor
             kills.clone(),
             aimed.clone(),
             cfg.clone(),
-            store.url.clone(),
+            store_url.clone(),
             addrs.clone(),
         );
         tokio::spawn(async move {
@@ -1159,8 +1162,15 @@ async fn run_bounded<DB: TestBackend>(mut cfg: ChaosConfig) -> Option<ChaosRepor
         }
         planned.push(p.clone());
         let (client, bank) = (clients[p.coordinator].clone(), bank.clone());
+        let abandon = match (&cfg.classes.abandon, p.class) {
+            (Some(a), Class::Abandon) => Some((a.within, cfg.seed)),
+            _ => None,
+        };
         tasks.push(tokio::spawn(async move {
             let view = run_one(&client, &bank, &p).await;
+            if let Some((within, seed)) = abandon {
+                abandoned_reads(&client, &p.xid, within, seed).await;
+            }
             drop(permit);
             (p.xid, view)
         }));

@@ -337,6 +337,26 @@ impl SplitLink {
     }
 }
 
+impl SplitLink {
+    /// A link (answers split 2 ms apart) to the database of `url`, and the same URL through it.
+    pub async fn to_database(url: &str) -> (String, SplitLink) {
+        let scheme_end = url.find("://").expect("a database URL") + 3;
+        let host_start = scheme_end + url[scheme_end..].find('@').map_or(0, |at| at + 1);
+        let host_end = host_start
+            + url[host_start..]
+                .find('/')
+                .unwrap_or(url.len() - host_start);
+        let upstream = tokio::net::lookup_host(&url[host_start..host_end])
+            .await
+            .expect("the database's address")
+            .next()
+            .expect("an address");
+        let link = SplitLink::start(upstream, std::time::Duration::from_millis(2)).await;
+        let through = format!("{}{}{}", &url[..host_start], link.addr, &url[host_end..]);
+        (through, link)
+    }
+}
+
 impl Drop for SplitLink {
     fn drop(&mut self) {
         self.task.abort();

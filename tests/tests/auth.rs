@@ -577,3 +577,68 @@ async fn a_tenant_past_its_quota_waits_and_others_do_not() {
     })
     .await;
 }
+
+/// Transactions in flight per tenant: past its limit a tenant's begin is RESOURCE_EXHAUSTED
+/// naming the flag, nothing stored; another tenant is not charged; once one of its
+/// transactions finished (and the count was read again) it may begin again.
+#[tokio::test]
+async fn a_tenant_with_its_limit_in_flight_begins_no_more() {
+    with_db::<Sqlite, _, _>(SCHEMAS, |db: &'static TestDb<Sqlite>| async move {
+        let extra = ["--quota-transactions-in-flight", "2"].map(String::from);
+        let s = setup(db, &extra).await;
+        let (acme, globex) = (
+            s.keys.jwt("orders", "acme", &["initiator"]),
+            s.keys.jwt("orders", "globex", &["initiator"]),
+        );
+        let begin = |xid: &str| json!({"xid": xid, "timeoutMs": 60000});
+        let url = &s.coordinator.url;
+        for xid in ["f-1", "f-2"] {
+            assert_eq!(
+                grpc(url, "dtx.v1.Coordinator/Begin", begin(xid), Some(&acme)).await,
+                Code::Ok
+            );
+        }
+        let before = stored(db).await;
+        let mut client = CoordinatorClient::connect(url.clone()).await.unwrap();
+        let mut request = tonic::Request::new(wire::BeginRequest {
+            xid: "f-3".into(),
+            timeout_ms: 60_000,
+        });
+        request.metadata_mut().insert(
+            "authorization",
+            dtx_proto::auth::bearer_value(&acme).unwrap(),
+        );
+        let refused = client.begin(request).await.unwrap_err();
+        assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+        assert!(
+            refused.message().contains(
+                "has 2 transactions in flight, its limit is 2 (--quota-transactions-in-flight)"
+            ),
+            "{refused:?}"
+        );
+        assert_eq!(refused.metadata().get("retry-after").unwrap(), "1");
+        assert_eq!(stored(db).await, before, "a refused begin stored something");
+        assert_eq!(
+            grpc(url, "dtx.v1.Coordinator/Begin", begin("f-1"), Some(&globex)).await,
+            Code::Ok
+        );
+        // One of acme's finishes; after the count is read again, acme begins again.
+        assert_eq!(
+            grpc(
+                url,
+                "dtx.v1.Coordinator/Rollback",
+                json!({"xid": "f-1"}),
+                Some(&acme)
+            )
+            .await,
+            Code::Ok
+        );
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        assert_eq!(
+            grpc(url, "dtx.v1.Coordinator/Begin", begin("f-3"), Some(&acme)).await,
+            Code::Ok
+        );
+        s.coordinator.stop().await;
+    })
+    .await;
+}

@@ -103,13 +103,6 @@ async fn start_with<DB: TestBackend>(
     db: &'static TestDb<DB>,
     store: Idempotency<DB>,
 ) -> (HttpServer, App<DB>) {
-    create_tables(&db.pool).await;
-    let app = App {
-        pool: db.pool.clone(),
-        runs: Arc::new(AtomicUsize::new(0)),
-        entered: Arc::new(Notify::new()),
-        gate: Arc::new(Semaphore::new(0)),
-    };
     // The tenant would come from authentication; here a header stands in for it.
     let layer = IdempotencyLayer::new(store, "order.create")
         .unwrap()
@@ -120,14 +113,59 @@ async fn start_with<DB: TestBackend>(
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_string)
         });
-    let router = axum::Router::new()
+    serve(db, layer, false).await
+}
+
+/// Serves the orders routes behind `layer`; with `authenticated`, behind an authentication
+/// layer in front of it too (see [`authenticate`]).
+async fn serve<DB: TestBackend>(
+    db: &'static TestDb<DB>,
+    layer: IdempotencyLayer<DB>,
+    authenticated: bool,
+) -> (HttpServer, App<DB>) {
+    create_tables(&db.pool).await;
+    let app = App {
+        pool: db.pool.clone(),
+        runs: Arc::new(AtomicUsize::new(0)),
+        entered: Arc::new(Notify::new()),
+        gate: Arc::new(Semaphore::new(0)),
+    };
+    let mut router = axum::Router::new()
         .route(
             "/orders",
             routing::post(create_order::<DB>).get(count_orders),
         )
-        .route_layer(layer)
-        .with_state(app.clone());
-    (HttpServer::start(router).await, app)
+        .route_layer(layer);
+    if authenticated {
+        // Added last, so it runs first.
+        router = router.route_layer(axum::middleware::from_fn(authenticate));
+    }
+    (HttpServer::start(router.with_state(app.clone())).await, app)
+}
+
+/// The caller's tenant, as an authentication layer establishes it.
+#[derive(Clone)]
+struct Tenant(String);
+
+/// A stand-in authentication layer: `Authorization: Bearer <tenant>` of a known tenant, or 401.
+async fn authenticate(
+    mut request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let tenant = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .filter(|t| ["acme", "globex"].contains(t))
+        .map(str::to_string);
+    match tenant {
+        Some(tenant) => {
+            request.extensions_mut().insert(Tenant(tenant));
+            next.run(request).await
+        }
+        None => StatusCode::UNAUTHORIZED.into_response(),
+    }
 }
 
 /// What a test needs of a response, read once.
@@ -358,3 +396,101 @@ async fn a_live_handler_keeps_its_lease<DB: TestBackend>(db: &'static TestDb<DB>
     assert_eq!(orders_for(&db.pool, "t1/long-1").await, 1);
 }
 test_on_all_databases!(a_live_handler_keeps_its_lease, SCHEMAS);
+
+/// Records of the orders scope, whatever their tenant.
+async fn records<DB: TestBackend>(db: &TestDb<DB>) -> i64 {
+    dtx_tests::idempotency::count(
+        &db.pool,
+        "SELECT COUNT(*) FROM dtx_idempotency WHERE scope = ?",
+        "order.create",
+    )
+    .await
+}
+
+async fn new_keys_past_a_tenants_limit_are_429_and_stored_nowhere<DB: TestBackend>(
+    db: &'static TestDb<DB>,
+) {
+    let layer = IdempotencyLayer::new(Idempotency::new(db.pool.clone()), "order.create")
+        .unwrap()
+        .tenant(|parts| {
+            parts
+                .headers
+                .get("x-tenant")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string)
+        })
+        .limit_new_keys(
+            std::num::NonZeroU32::new(3).unwrap(),
+            Duration::from_secs(3600),
+        );
+    let (server, app) = serve(db, layer, false).await;
+    for key in ["k1", "k2", "k3"] {
+        let first = post(&server, "t1", Some(key), TEN_EUR).await;
+        assert_eq!(first.status, 201, "{first:?}");
+    }
+    let over = post(&server, "t1", Some("k4"), TEN_EUR).await;
+    assert_eq!(over.status, 429, "{over:?}");
+    assert_eq!(over.problem_title(), "Too many new Idempotency-Keys");
+    let wait: u64 = over.retry_after.as_deref().unwrap().parse().unwrap();
+    assert!((1..=1200).contains(&wait), "Retry-After {wait}");
+    assert!(over.body.contains("At most 3 new keys"), "{}", over.body);
+    assert_eq!(app.runs.load(SeqCst), 3, "the handler ran past the limit");
+    assert_eq!(records(db).await, 3, "the refused key was stored");
+
+    // Repeats of known keys are never limited; another tenant has its own allowance.
+    let repeat = post(&server, "t1", Some("k1"), TEN_EUR).await;
+    assert_eq!((repeat.status, repeat.replayed), (201, true), "{repeat:?}");
+    let other = post(&server, "t2", Some("k4"), TEN_EUR).await;
+    assert_eq!((other.status, other.replayed), (201, false), "{other:?}");
+    assert_eq!(app.runs.load(SeqCst), 4);
+    assert_eq!(orders_for(&db.pool, "t1/k4").await, 0);
+}
+test_on_all_databases!(
+    new_keys_past_a_tenants_limit_are_429_and_stored_nowhere,
+    SCHEMAS
+);
+
+/// The layer runs after the service's authentication: a refused caller leaves no record, and
+/// the tenant authentication established keys the record (two tenants' equal keys never meet).
+async fn authentication_runs_before_any_record_is_made<DB: TestBackend>(db: &'static TestDb<DB>) {
+    let layer = IdempotencyLayer::new(Idempotency::new(db.pool.clone()), "order.create")
+        .unwrap()
+        .tenant(|parts| parts.extensions.get::<Tenant>().map(|t| t.0.clone()));
+    let (server, app) = serve(db, layer, true).await;
+    let send = |token: Option<&'static str>, key: &'static str| {
+        let mut request = reqwest::Client::new()
+            .post(server.url("/orders"))
+            .header("content-type", "application/json")
+            .header("idempotency-key", key)
+            .body(TEN_EUR);
+        if let Some(token) = token {
+            // The handler keys its orders by this header; the layer by the authenticated tenant.
+            request = request.bearer_auth(token).header("x-tenant", token);
+        }
+        request.send()
+    };
+    for token in [None, Some("mallory")] {
+        for i in 0..20 {
+            let key: &'static str = Box::leak(format!("spray-{i}").into_boxed_str());
+            let refused = send(token, key).await.unwrap();
+            assert_eq!(refused.status(), 401);
+        }
+    }
+    assert_eq!(records(db).await, 0, "refused callers created records");
+    assert_eq!(app.runs.load(SeqCst), 0);
+
+    let acme = send(Some("acme"), "same-key").await.unwrap();
+    assert_eq!(acme.status(), 201);
+    let globex = send(Some("globex"), "same-key").await.unwrap();
+    assert_eq!(
+        globex.status(),
+        201,
+        "another tenant's equal key met the first"
+    );
+    assert!(globex.headers().get("idempotent-replayed").is_none());
+    let again = send(Some("acme"), "same-key").await.unwrap();
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    assert_eq!(app.runs.load(SeqCst), 2);
+    assert_eq!(records(db).await, 2);
+}
+test_on_all_databases!(authentication_runs_before_any_record_is_made, SCHEMAS);

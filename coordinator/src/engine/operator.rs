@@ -241,6 +241,22 @@ impl Engine {
         self.inner.store.list(query).await
     }
 
+    /// How many of `tenant`'s transactions are in flight (not finished, not parked for a
+    /// person), counting no further than `up_to`: one bounded index walk per status.
+    pub async fn count_in_flight(&self, tenant: &str, up_to: u64) -> Result<u64> {
+        let query = ListQuery {
+            statuses: TxStatus::ALL
+                .iter()
+                .copied()
+                .filter(|s| !s.is_terminal() && *s != TxStatus::NeedsAttention)
+                .collect(),
+            tenant: Some(tenant.to_string()),
+            limit: i64::try_from(up_to).unwrap_or(i64::MAX),
+            ..ListQuery::default()
+        };
+        Ok(self.inner.store.list(&query).await?.len() as u64)
+    }
+
     pub async fn tally(&self) -> Result<Tally> {
         self.inner.store.tally().await
     }

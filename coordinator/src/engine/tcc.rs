@@ -184,25 +184,28 @@ impl Engine {
                 phase.status()
             }
             Decided::Missing => return Err(Error::UnknownXid(xid)),
-            Decided::Exists(row) => match unapplied_decision(decision, &row)? {
-                // The current status as Get and Wait see it: the stored row may lag the
-                // driver's live view (its final write is group-committed after it settles).
-                Undecided::Repeat(status) => {
-                    self.get(&xid).await.map_or(status, |r| r.global.status)
+            Decided::Exists(mut row) => {
+                // Answer with the status Get and Wait see: the stored row may lag the driver's
+                // live view (its final write is group-committed after waiters learned it).
+                if let Ok(live) = self.get(&xid).await {
+                    row.status = live.global.status;
                 }
-                Undecided::Late => {
-                    let why = "rollback: the deadline passed before Commit";
-                    let entry = self.inner.decided(TxStatus::RollingBack, why);
-                    let late = self.decide_with(xid.clone(), Decision::Rollback, entry);
-                    let status = Box::pin(late).await?;
-                    return Err(Error::Decided {
-                        message: format!(
-                            "transaction {xid:?} passed its deadline before Commit and is rolled back"
-                        ),
-                        status,
-                    });
+                match unapplied_decision(decision, &row)? {
+                    Undecided::Repeat(status) => status,
+                    Undecided::Late => {
+                        let why = "rollback: the deadline passed before Commit";
+                        let entry = self.inner.decided(TxStatus::RollingBack, why);
+                        let late = self.decide_with(xid.clone(), Decision::Rollback, entry);
+                        let status = Box::pin(late).await?;
+                        return Err(Error::Decided {
+                            message: format!(
+                                "transaction {xid:?} passed its deadline before Commit and is rolled back"
+                            ),
+                            status,
+                        });
+                    }
                 }
-            },
+            }
         })
     }
 }

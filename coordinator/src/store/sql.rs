@@ -124,12 +124,24 @@ async fn oldest_open<DB: Backend>(conn: &mut DB::Conn) -> Result<Option<i64>> {
     Ok(oldest)
 }
 
-/// The store on database `DB`.
+/// The store on database `DB`. Cheap to clone (every field is shared).
 pub struct SqlStore<DB: Backend> {
     pub(super) pool: Pool<DB>,
     writer: Writer,
     pub(super) stats: Arc<StoreStats>,
     pub(super) clock: Arc<DbClock>,
+}
+
+// Not derived: a derive would require `DB: Clone`, which database marker types are not.
+impl<DB: Backend> Clone for SqlStore<DB> {
+    fn clone(&self) -> Self {
+        SqlStore {
+            pool: self.pool.clone(),
+            writer: self.writer.clone(),
+            stats: self.stats.clone(),
+            clock: self.clock.clone(),
+        }
+    }
 }
 
 impl<DB: Backend> SqlStore<DB> {
@@ -173,6 +185,18 @@ impl<DB: Backend> SqlStore<DB> {
             self.clock.record(db_ms, sent, received, wall_ms);
         }
         Ok(())
+    }
+
+    /// Runs `work` with a clone of this store on a task of its own: a request that goes away
+    /// mid-query must not hand its connection back to the pool out of step (see
+    /// `dtx_sql::detached`). Writes need no such care: the writer tasks run them.
+    fn detach<T, F, Fut>(&self, work: F) -> BoxFuture<'static, Result<T>>
+    where
+        F: FnOnce(Self) -> Fut,
+        Fut: Future<Output = Result<T>> + Send + 'static,
+        T: Send + 'static,
+    {
+        Box::pin(dtx_sql::detached(work(self.clone())))
     }
 
     async fn read(&self, xid: &str) -> Result<Option<TxRecord>> {
@@ -331,7 +355,8 @@ impl<DB: Backend> Store for SqlStore<DB> {
     }
 
     fn get<'a>(&'a self, xid: &'a str) -> BoxFuture<'a, Result<Option<TxRecord>>> {
-        Box::pin(self.read(xid))
+        let xid = xid.to_owned();
+        self.detach(move |store| async move { store.read(&xid).await })
     }
 
     fn claim_due<'a>(
@@ -340,41 +365,44 @@ impl<DB: Backend> Store for SqlStore<DB> {
         lease: Duration,
         limit: i64,
     ) -> BoxFuture<'a, Result<Vec<TxRecord>>> {
-        Box::pin(self.claim(owner, lease, limit))
+        let owner = owner.to_owned();
+        self.detach(move |store| async move { store.claim(&owner, lease, limit).await })
     }
 
     fn purge_finished(&self, before_ms: i64, batch: i64) -> BoxFuture<'_, Result<u64>> {
-        Box::pin(self.purge(before_ms, batch.max(1)))
+        self.detach(move |store| async move { store.purge(before_ms, batch.max(1)).await })
     }
 
     fn list<'a>(&'a self, query: &'a ListQuery) -> BoxFuture<'a, Result<Vec<GlobalRow>>> {
-        Box::pin(self.list_rows(query))
+        let query = query.clone();
+        self.detach(move |store| async move { store.list_rows(&query).await })
     }
 
     fn history<'a>(&'a self, xid: &'a str) -> BoxFuture<'a, Result<Vec<Entry>>> {
-        Box::pin(async move {
-            let mut conn = self.pool.acquire().await?;
+        let xid = xid.to_owned();
+        self.detach(move |store| async move {
+            let mut conn = store.pool.acquire().await?;
             let rows = DB::pooled(&mut conn)
-                .fetch_all(SELECT_HISTORY, args![xid])
+                .fetch_all(SELECT_HISTORY, args![xid.as_str()])
                 .await?;
             rows.iter().map(entry_from_row).collect()
         })
     }
 
     fn tally(&self) -> BoxFuture<'_, Result<Tally>> {
-        Box::pin(self.tally_rows())
+        self.detach(|store| async move { store.tally_rows().await })
     }
 
     fn oldest_open_created_ms(&self) -> BoxFuture<'_, Result<Option<i64>>> {
-        Box::pin(async move {
-            let mut conn = self.pool.acquire().await?;
+        self.detach(|store| async move {
+            let mut conn = store.pool.acquire().await?;
             oldest_open::<DB>(DB::pooled(&mut conn)).await
         })
     }
 
     fn count_parked(&self) -> BoxFuture<'_, Result<u64>> {
-        Box::pin(async move {
-            let mut conn = self.pool.acquire().await?;
+        self.detach(|store| async move {
+            let mut conn = store.pool.acquire().await?;
             let row = DB::pooled(&mut conn).fetch_optional(PARKED, &[]).await?;
             Ok(row.map_or(Ok(0), |r| r.i64(0))?.max(0) as u64)
         })
@@ -389,19 +417,20 @@ impl<DB: Backend> Store for SqlStore<DB> {
     }
 
     fn sync_clock(&self) -> BoxFuture<'_, Result<()>> {
-        Box::pin(self.sample_clock())
+        self.detach(|store| async move { store.sample_clock().await })
     }
 
     fn stuck(&self, created_before_ms: i64, limit: i64) -> BoxFuture<'_, Result<Vec<GlobalRow>>> {
-        Box::pin(self.stuck_rows(created_before_ms, limit))
+        self.detach(move |store| async move { store.stuck_rows(created_before_ms, limit).await })
     }
 
     fn add_alerts<'a>(&'a self, alerts: &'a [Alert]) -> BoxFuture<'a, Result<u64>> {
-        Box::pin(self.add(alerts))
+        let alerts = alerts.to_vec();
+        self.detach(move |store| async move { store.add(&alerts).await })
     }
 
     fn claim_alerts(&self, timeout: Duration, limit: i64) -> BoxFuture<'_, Result<Vec<Outgoing>>> {
-        Box::pin(self.claim_outgoing(timeout, limit))
+        self.detach(move |store| async move { store.claim_outgoing(timeout, limit).await })
     }
 
     fn finish_alert<'a>(
@@ -409,7 +438,8 @@ impl<DB: Backend> Store for SqlStore<DB> {
         id: &'a str,
         delivery: &'a Delivery,
     ) -> BoxFuture<'a, Result<()>> {
-        Box::pin(self.finish(id, delivery))
+        let (id, delivery) = (id.to_owned(), delivery.clone());
+        self.detach(move |store| async move { store.finish(&id, &delivery).await })
     }
 }
 

@@ -116,6 +116,7 @@ macro_rules! queue {
 queue!(BeginTcc, SubmitSaga, RegisterBranch, Decide, Progress);
 
 /// The submitting side of the group-commit path.
+#[derive(Clone)]
 pub(super) struct Writer {
     queue: mpsc::UnboundedSender<Job>,
 }

@@ -1,7 +1,9 @@
 //! The tower layer: claims the key, runs the inner service for the owner, records and replays.
 
+use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use dtx_sql::Backend;
@@ -22,6 +24,14 @@ use crate::{
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 type TenantFn = Arc<dyn Fn(&http::request::Parts) -> Option<String> + Send + Sync>;
+
+/// How many new keys each tenant may create per period in this layer's scope (a token bucket
+/// per tenant, shared by every clone of the service).
+struct NewKeys {
+    limiter: governor::DefaultKeyedRateLimiter<String>,
+    count: u32,
+    period: Duration,
+}
 
 /// How a handler's response is recorded. Defaults by status (see [`Outcome::of_status`]); a
 /// handler overrides it by inserting an `Outcome` into the response extensions (with axum:
@@ -57,6 +67,7 @@ struct Config<DB: Backend> {
     rules: HashRules,
     replay_headers: Vec<HeaderName>,
     max_request_bytes: usize,
+    new_keys: Option<Arc<NewKeys>>,
 }
 
 impl<DB: Backend> Clone for Config<DB> {
@@ -70,6 +81,7 @@ impl<DB: Backend> Clone for Config<DB> {
             rules: self.rules.clone(),
             replay_headers: self.replay_headers.clone(),
             max_request_bytes: self.max_request_bytes,
+            new_keys: self.new_keys.clone(),
         }
     }
 }
@@ -108,6 +120,7 @@ impl<DB: Backend> IdempotencyLayer<DB> {
                     header::ETAG,
                 ],
                 max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
+                new_keys: None,
             },
         })
     }
@@ -150,6 +163,24 @@ impl<DB: Backend> IdempotencyLayer<DB> {
     /// Largest request body accepted (default 1 MiB); larger ones get 413.
     pub fn max_request_bytes(mut self, bytes: usize) -> Self {
         self.config.max_request_bytes = bytes;
+        self
+    }
+
+    /// At most `count` new keys per `period` for each tenant (see [`IdempotencyLayer::tenant`];
+    /// without one, for all callers together) in this scope: a client minting a fresh key for
+    /// every request cannot fill the table. Past the limit a request with a new key gets
+    /// `429 Too Many Requests` with `Retry-After`, the handler does not run and nothing is
+    /// stored; repeats of keys that exist are never limited. Costs one indexed read per request.
+    pub fn limit_new_keys(mut self, count: NonZeroU32, period: Duration) -> Self {
+        let every = (period / count.get()).max(Duration::from_nanos(1));
+        let quota = governor::Quota::with_period(every)
+            .expect("a non-zero period")
+            .allow_burst(count);
+        self.config.new_keys = Some(Arc::new(NewKeys {
+            limiter: governor::RateLimiter::keyed(quota),
+            count: count.get(),
+            period,
+        }));
         self
     }
 }
@@ -288,21 +319,23 @@ where
         }
     };
     let hash = request_hash(&parts, &bytes, &config.rules);
+    if let Some(limited) = over_new_key_limit(&config, &key).await {
+        return Ok(limited);
+    }
     let lease = match config.store.claim(&key, &hash).await {
         Ok(Claim::Owned(lease)) => lease,
         Ok(Claim::Answered(answer)) => return Ok(answer_response(answer)),
         Err(e) => {
             tracing::warn!(error = %e, scope = key.scope(), "idempotency claim failed");
-            let mut response = problem(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "unavailable",
-                "Idempotency store unavailable",
-                "The request was not processed; retry with the same key.",
-            );
-            response
-                .headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-            return Ok(response);
+            return Ok(with_retry_after(
+                problem(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "unavailable",
+                    "Idempotency store unavailable",
+                    "The request was not processed; retry with the same key.",
+                ),
+                Duration::from_secs(1),
+            ));
         }
     };
     // If the inner service fails as a service (not with an HTTP error response), the outcome
@@ -456,23 +489,63 @@ fn completion_of<DB: Backend>(
     }
 }
 
+/// The 429 for a new key past its tenant's limit, or `None` to go on (a known key, no limit,
+/// or room left). A store that cannot be read lets the claim answer for itself.
+async fn over_new_key_limit<DB: Backend, B: From<Bytes>>(
+    config: &Config<DB>,
+    key: &Key,
+) -> Option<Response<B>> {
+    let new_keys = config.new_keys.as_ref()?;
+    if !matches!(config.store.record(key).await, Ok(None)) {
+        return None;
+    }
+    let not_until = new_keys
+        .limiter
+        .check_key(&key.tenant().to_string())
+        .err()?;
+    // Keys of tenants idle for a whole period hold no state worth keeping.
+    if new_keys.limiter.len() > 10_000 {
+        new_keys.limiter.retain_recent();
+    }
+    crate::metrics::request(key.scope(), crate::metrics::Outcome::Limited);
+    let wait = not_until.wait_time_from(governor::clock::Clock::now(
+        &governor::clock::DefaultClock::default(),
+    ));
+    let response = problem(
+        StatusCode::TOO_MANY_REQUESTS,
+        "too-many-keys",
+        "Too many new Idempotency-Keys",
+        &format!(
+            "At most {} new keys per {} s are accepted for this operation; retry later.",
+            new_keys.count,
+            new_keys.period.as_secs_f64()
+        ),
+    );
+    Some(with_retry_after(response, wait))
+}
+
+/// `response` with `Retry-After` in whole seconds, at least one.
+fn with_retry_after<B>(mut response: Response<B>, wait: Duration) -> Response<B> {
+    let seconds = wait.as_millis().div_ceil(1000).max(1);
+    response.headers_mut().insert(
+        header::RETRY_AFTER,
+        HeaderValue::from_str(&seconds.to_string()).expect("digits"),
+    );
+    response
+}
+
 fn answer_response<B: From<Bytes>>(answer: Answer) -> Response<B> {
     match answer {
         Answer::Replayed { status, result } => replay(status, &result),
-        Answer::InProgress { retry_after } => {
-            let mut response = problem(
+        Answer::InProgress { retry_after } => with_retry_after(
+            problem(
                 StatusCode::ACCEPTED,
                 "in-progress",
                 "A request with this Idempotency-Key is being processed",
                 "Retry later with the same key to get its result.",
-            );
-            let seconds = retry_after.as_millis().div_ceil(1000).max(1);
-            response.headers_mut().insert(
-                header::RETRY_AFTER,
-                HeaderValue::from_str(&seconds.to_string()).expect("digits"),
-            );
-            response
-        }
+            ),
+            retry_after,
+        ),
         Answer::Conflict => problem(
             StatusCode::CONFLICT,
             "key-reused",

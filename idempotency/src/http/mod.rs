@@ -17,6 +17,7 @@
 //! | key missing (when required) or malformed    | `400 Bad Request`                               |
 //! | body larger than the limit                  | `413 Content Too Large`                         |
 //! | idempotency store unavailable               | `503 Service Unavailable` + `Retry-After`; the handler did not run |
+//! | a new key past the tenant's limit ([`IdempotencyLayer::limit_new_keys`]) | `429 Too Many Requests` + `Retry-After`; nothing stored |
 //!
 //! Error bodies are `application/problem+json` (RFC 9457).
 //!
@@ -45,8 +46,21 @@
 //!   [`Outcome`] into its response extensions.
 //!
 //! The key is scoped by the layer's operation scope and by the tenant your authentication
-//! established ([`IdempotencyLayer::tenant`]), so two clients' equal keys never meet. Run
-//! authentication before this layer, so anonymous traffic cannot fill the table.
+//! established ([`IdempotencyLayer::tenant`]), so two clients' equal keys never meet.
+//!
+//! # Hot keys and abuse (the seed's section on hot idempotency keys)
+//!
+//! * **Authentication runs first.** Put your authentication layer *outside* this one (with
+//!   axum: `.layer(idempotency).layer(auth)`, the last added runs first), so an anonymous or
+//!   refused request never creates a record, and have it insert the caller's tenant into the
+//!   request extensions for [`IdempotencyLayer::tenant`].
+//! * **New keys are limited per tenant** ([`IdempotencyLayer::limit_new_keys`]); repeats of
+//!   existing keys are not, so a client retrying is never locked out by its own retries.
+//! * **A repeat of a key still in progress is answered at once** (`202` + `Retry-After`, the
+//!   owner's remaining lease): the claim is a short transaction of its own, never a wait on the
+//!   owner's row lock, so a storm of repeats on one hot key costs one indexed read each.
+//! * Every database conversation of the layer runs to its end on a task of its own, so a
+//!   client that disconnects cannot leave a pooled connection out of step.
 //!
 //! While the handler runs, the layer renews the lease every third of it
 //! ([`crate::Lease::keep_alive`]), so a slow handler keeps its record and repeats get 202 until
