@@ -14,9 +14,10 @@ use dtx_proto::v1::participant_client::ParticipantClient;
 use dtx_sdk::client::{Coordinator, TccBranch, TccOptions};
 use dtx_tests::auth::{AuthKeys, claims};
 use dtx_tests::coordinator::InProcess;
-use dtx_tests::db::{TestDb, with_db};
+use dtx_tests::db::{TestBackend, TestDb, with_db};
 use dtx_tests::net::{RunningServer, free_addr, serve_on};
 use dtx_tests::participant::{Bank, Faults, payload};
+use dtx_tests::test_on_all_databases;
 use dtx_tests::world::{SCHEMAS, START};
 use serde_json::json;
 use tonic::Code;
@@ -129,19 +130,23 @@ async fn http(base: &str, rpc: &str, body: serde_json::Value, token: Option<&str
 }
 
 /// Rows in every coordinator table: a refused call must not change it.
-async fn stored(db: &TestDb<Sqlite>) -> i64 {
-    dtx_sql::sqlx::query_scalar(
-        "SELECT (SELECT COUNT(*) FROM dtx_global) + (SELECT COUNT(*) FROM dtx_branch) + \
-         (SELECT COUNT(*) FROM dtx_history) + (SELECT COUNT(*) FROM dtx_barrier)",
-    )
-    .fetch_one(&db.pool)
-    .await
-    .unwrap()
+async fn stored<DB: TestBackend>(db: &TestDb<DB>) -> i64 {
+    use dtx_sql::SqlRow as _;
+    let rows = db
+        .rows(
+            "SELECT (SELECT COUNT(*) FROM dtx_global) + (SELECT COUNT(*) FROM dtx_branch) + \
+             (SELECT COUNT(*) FROM dtx_history) + (SELECT COUNT(*) FROM dtx_barrier)",
+        )
+        .await;
+    rows[0].i64(0).unwrap()
 }
 
 /// The bank at a URL it knows before serving (its call verifier names it), obeying only the
 /// coordinator when `keys` is given.
-async fn bank(db: &'static TestDb<Sqlite>, keys: Option<&AuthKeys>) -> (String, RunningServer) {
+async fn bank<DB: TestBackend>(
+    db: &'static TestDb<DB>,
+    keys: Option<&AuthKeys>,
+) -> (String, RunningServer) {
     dtx_tests::ledger::create_tables(&db.pool).await;
     for account in ["alice", "bob"] {
         dtx_tests::ledger::open_account(&db.pool, account, START).await;
@@ -171,7 +176,7 @@ struct Setup {
     _dir: tempfile::TempDir,
 }
 
-async fn setup(db: &'static TestDb<Sqlite>, extra: &[String]) -> Setup {
+async fn setup<DB: TestBackend>(db: &'static TestDb<DB>, extra: &[String]) -> Setup {
     let dir = tempfile::tempdir().unwrap();
     let keys = AuthKeys::new(dir.path());
     let (bank_url, bank) = bank(db, Some(&keys)).await;
@@ -497,9 +502,8 @@ async fn a_participant_obeys_only_calls_the_coordinator_signed_for_them() {
 /// Quotas per tenant: past its begins per second a tenant is RESOURCE_EXHAUSTED (gRPC with
 /// `retry-after` metadata, HTTP/JSON 429 with `Retry-After`), nothing stored, counted by
 /// tenant; another tenant is not charged; after the wait it may begin again.
-#[tokio::test]
-async fn a_tenant_past_its_quota_waits_and_others_do_not() {
-    with_db::<Sqlite, _, _>(SCHEMAS, |db: &'static TestDb<Sqlite>| async move {
+async fn a_tenant_past_its_quota_waits_and_others_do_not<DB: TestBackend>(db: &'static TestDb<DB>) {
+    {
         let (http_addr, metrics_addr) = (free_addr().await, free_addr().await);
         let extra = [
             "--quota-begins-per-second",
@@ -574,16 +578,17 @@ async fn a_tenant_past_its_quota_waits_and_others_do_not() {
             Code::Ok
         );
         s.coordinator.stop().await;
-    })
-    .await;
+    }
 }
+test_on_all_databases!(a_tenant_past_its_quota_waits_and_others_do_not, SCHEMAS);
 
 /// Transactions in flight per tenant: past its limit a tenant's begin is RESOURCE_EXHAUSTED
 /// naming the flag, nothing stored; another tenant is not charged; once one of its
 /// transactions finished (and the count was read again) it may begin again.
-#[tokio::test]
-async fn a_tenant_with_its_limit_in_flight_begins_no_more() {
-    with_db::<Sqlite, _, _>(SCHEMAS, |db: &'static TestDb<Sqlite>| async move {
+async fn a_tenant_with_its_limit_in_flight_begins_no_more<DB: TestBackend>(
+    db: &'static TestDb<DB>,
+) {
+    {
         let extra = ["--quota-transactions-in-flight", "2"].map(String::from);
         let s = setup(db, &extra).await;
         let (acme, globex) = (
@@ -639,6 +644,83 @@ async fn a_tenant_with_its_limit_in_flight_begins_no_more() {
             Code::Ok
         );
         s.coordinator.stop().await;
-    })
-    .await;
+    }
 }
+test_on_all_databases!(a_tenant_with_its_limit_in_flight_begins_no_more, SCHEMAS);
+
+/// Payload bytes per minute: a saga whose step payloads take the tenant past its allowance is
+/// RESOURCE_EXHAUSTED naming the flag, with the wait in `retry-after`, and is not stored;
+/// another tenant is not charged.
+async fn a_tenant_past_its_payload_bytes_is_refused_unstored<DB: TestBackend>(
+    db: &'static TestDb<DB>,
+) {
+    let extra = ["--quota-payload-bytes-per-minute", "1000"].map(String::from);
+    let s = setup(db, &extra).await;
+    let mut client = CoordinatorClient::connect(s.coordinator.url.clone())
+        .await
+        .unwrap();
+    let submit = |token: &str, xid: &str, bytes: usize| {
+        let mut request = tonic::Request::new(wire::SubmitSagaRequest {
+            xid: xid.into(),
+            steps: vec![wire::SagaStep {
+                name: "s1".into(),
+                target: s.bank_url.clone(),
+                handler: "debit".into(),
+                action_payload: payload("alice", 1)
+                    .into_iter()
+                    .chain(std::iter::repeat_n(b' ', bytes))
+                    .collect(),
+                ..Default::default()
+            }],
+            timeout_ms: 60_000,
+            ..Default::default()
+        });
+        request.metadata_mut().insert(
+            "authorization",
+            dtx_proto::auth::bearer_value(token).unwrap(),
+        );
+        request
+    };
+    let (acme, globex) = (
+        s.keys.jwt("orders", "acme", &["initiator"]),
+        s.keys.jwt("orders", "globex", &["initiator"]),
+    );
+    client.submit_saga(submit(&acme, "p-1", 800)).await.unwrap();
+    let refused = client
+        .submit_saga(submit(&acme, "p-2", 300))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    assert!(
+        refused
+            .message()
+            .contains("more than 1000 payload bytes per minute (--quota-payload-bytes-per-minute)"),
+        "{refused:?}"
+    );
+    let wait: u64 = refused
+        .metadata()
+        .get("retry-after")
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=60).contains(&wait), "retry-after {wait}");
+    let mut get = tonic::Request::new(wire::GetRequest { xid: "p-2".into() });
+    get.metadata_mut().insert(
+        "authorization",
+        dtx_proto::auth::bearer_value(&acme).unwrap(),
+    );
+    let missing = client.get(get).await.unwrap_err();
+    assert_eq!(
+        missing.code(),
+        Code::NotFound,
+        "the refused saga was stored"
+    );
+    client
+        .submit_saga(submit(&globex, "p-2", 300))
+        .await
+        .unwrap();
+    s.coordinator.stop().await;
+}
+test_on_all_databases!(a_tenant_past_its_payload_bytes_is_refused_unstored, SCHEMAS);
