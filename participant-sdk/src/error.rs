@@ -21,6 +21,10 @@ pub enum Error {
     /// The barrier table is in a state the protocol cannot produce.
     #[error("barrier inconsistency: {0}")]
     Barrier(String),
+    /// A two-phase message's check-back found its local transaction uncommitted and dropped
+    /// the message: the local transaction must roll back (nothing will be delivered).
+    #[error("message {xid} was dropped by a check-back before its local transaction committed")]
+    MessageDropped { xid: String },
     /// A Try answered FAILURE: the transaction must roll back.
     #[error("branch {branch_id} of {xid} refused its try: {message}")]
     BranchRefused {

@@ -115,18 +115,30 @@ enum Handlers<C> {
         action: Handler<C>,
         compensate: Handler<C>,
     },
+    /// Answers the check-backs of two-phase messages from the barrier (no business code).
+    CheckBack,
+}
+
+/// What runs inside a call's local transaction.
+enum Work<C> {
+    /// The barrier around a business handler.
+    Handler(Handler<C>),
+    /// A two-phase message's check-back ([`barrier::check_back`]).
+    CheckBack,
 }
 
 impl<C> Handlers<C> {
-    fn for_action(&self, action: Action) -> Option<&Handler<C>> {
-        match (self, action) {
-            (Handlers::Tcc { try_, .. }, Action::Try) => Some(try_),
-            (Handlers::Tcc { confirm, .. }, Action::Confirm) => Some(confirm),
-            (Handlers::Tcc { cancel, .. }, Action::Cancel) => Some(cancel),
-            (Handlers::Saga { action, .. }, Action::Action) => Some(action),
-            (Handlers::Saga { compensate, .. }, Action::Compensate) => Some(compensate),
-            _ => None,
-        }
+    fn for_action(&self, action: Action) -> Option<Work<C>> {
+        let handler = match (self, action) {
+            (Handlers::Tcc { try_, .. }, Action::Try) => try_,
+            (Handlers::Tcc { confirm, .. }, Action::Confirm) => confirm,
+            (Handlers::Tcc { cancel, .. }, Action::Cancel) => cancel,
+            (Handlers::Saga { action, .. }, Action::Action) => action,
+            (Handlers::Saga { compensate, .. }, Action::Compensate) => compensate,
+            (Handlers::CheckBack, Action::CheckBack) => return Some(Work::CheckBack),
+            _ => return None,
+        };
+        Some(Work::Handler(handler.clone()))
     }
 }
 
@@ -231,6 +243,14 @@ impl<DB: Backend> ParticipantServer<DB> {
         self
     }
 
+    /// Answers the coordinator's check-backs of two-phase messages sent to handler `name` (the
+    /// check-back target of the messages this service initiates), from the barrier table of
+    /// this server's pool: see [`barrier::check_back`].
+    pub fn message_check_back(mut self, name: impl Into<String>) -> Self {
+        self.handlers.insert(name.into(), Handlers::CheckBack);
+        self
+    }
+
     /// How many times a local transaction that lost a lock conflict (deadlock, SQLite busy) is
     /// run again before the call answers RETRY. Default 5.
     pub fn conflict_retries(mut self, retries: u32) -> Self {
@@ -249,7 +269,7 @@ impl<DB: Backend> ParticipantServer<DB> {
     pub async fn handle(&self, request: BranchRequest) -> Result<BranchResponse, Status> {
         let action = Action::from_wire(request.action).ok_or_else(|| {
             Status::invalid_argument(format!(
-                "action {} is not one of TRY, CONFIRM, CANCEL, ACTION, COMPENSATE",
+                "action {} is not one of TRY, CONFIRM, CANCEL, ACTION, COMPENSATE, CHECK_BACK",
                 request.action
             ))
         })?;
@@ -258,10 +278,10 @@ impl<DB: Backend> ParticipantServer<DB> {
             .handlers
             .get(&request.handler)
             .ok_or_else(|| Status::not_found(format!("no handler named {:?}", request.handler)))?;
-        let handler = handlers.for_action(action).ok_or_else(|| {
+        let work = handlers.for_action(action).ok_or_else(|| {
             Status::failed_precondition(format!(
                 "handler {:?} has no {action} (TCC handlers take try/confirm/cancel, saga \
-                 handlers action/compensate)",
+                 handlers action/compensate, message check-backs check_back)",
                 request.handler
             ))
         })?;
@@ -275,12 +295,7 @@ impl<DB: Backend> ParticipantServer<DB> {
         };
         let trace_id = call.trace().map(|t| t.trace_hex()).unwrap_or_default();
         let span = tracing::info_span!("branch", xid = %call.xid, branch = %call.branch_id, %action, %trace_id);
-        let work = run_with_retries(
-            self.pool.clone(),
-            handler.clone(),
-            call,
-            self.conflict_retries,
-        );
+        let work = run_with_retries(self.pool.clone(), work, call, self.conflict_retries);
         // Instrumented, not entered: a guard held across `.await` would leak the span into
         // whatever else runs on this thread while the call is suspended. Detached: a caller
         // that goes away must not cut the local transaction midway (see `dtx_sql::detached`);
@@ -292,14 +307,14 @@ impl<DB: Backend> ParticipantServer<DB> {
 /// Runs one call's local transaction, again while it loses lock conflicts.
 async fn run_with_retries<DB: Backend>(
     pool: Pool<DB>,
-    handler: Handler<DB::Conn>,
+    work: Work<DB::Conn>,
     call: BranchCall,
     conflict_retries: u32,
 ) -> BranchResponse {
-    let (handler, call) = (&handler, &call);
+    let (work, call) = (&work, &call);
     let mut attempt = 0;
     loop {
-        match run_once(&pool, handler, call).await {
+        match run_once(&pool, work, call).await {
             Ok(answer) => {
                 metrics::call(&call.handler, call.action, Some(answer.detail));
                 return to_wire(answer);
@@ -333,7 +348,7 @@ async fn run_with_retries<DB: Backend>(
 
 async fn run_once<DB: Backend>(
     pool: &Pool<DB>,
-    handler: &Handler<DB::Conn>,
+    work: &Work<DB::Conn>,
     call: &BranchCall,
 ) -> Result<Answer, Error> {
     // The handler name is part of the request: the same ids sent to another handler are a
@@ -342,9 +357,13 @@ async fn run_once<DB: Backend>(
     let key = BranchKey::new(&call.xid, &call.branch_id, call.action)?.with_request(request);
     let mut tx = DB::begin(pool).await?;
     let conn = DB::conn(&mut tx);
-    let handler = handler.clone();
-    let owned = call.clone();
-    let answer = barrier::call(conn, key, move |conn| handler(conn, owned)).await;
+    let answer = match work {
+        Work::Handler(handler) => {
+            let (handler, owned) = (handler.clone(), call.clone());
+            barrier::call(conn, key, move |conn| handler(conn, owned)).await
+        }
+        Work::CheckBack => barrier::check_back(conn, &call.xid).await,
+    };
     match answer {
         Ok(answer) => {
             tx.commit().await?;

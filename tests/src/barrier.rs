@@ -18,6 +18,7 @@ pub fn effect(action: Action) -> (i64, i64) {
         Action::Cancel => (10, -10),
         Action::Action => (-10, 0),
         Action::Compensate => (10, 0),
+        Action::CheckBack | Action::Message => (0, 0),
     }
 }
 

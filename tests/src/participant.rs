@@ -391,6 +391,9 @@ async fn effect<C: dtx_sql::Conn>(
         (true, Action::Try | Action::Cancel) => (0, 0),
         (true, Action::Confirm | Action::Action) => (amount, 0),
         (true, Action::Compensate) => (-amount, 0),
+        (_, Action::CheckBack | Action::Message) => {
+            return Err("the ledger is no two-phase message's".into());
+        }
     };
     let applied = ledger::apply(
         conn,
@@ -531,7 +534,7 @@ impl<DB: Backend> Bank<DB> {
             return;
         }
         let mut late = request.clone();
-        late.action = opposite.to_wire() as i32;
+        late.action = opposite.to_wire().expect("a wire action") as i32;
         let (inner, faults) = (self.inner.clone(), self.faults.clone());
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(20)).await;

@@ -77,6 +77,7 @@ impl Model {
             self.saga.clone()
         };
         let expected = match action {
+            Action::CheckBack | Action::Message => unreachable!("the model draws branch calls"),
             Action::Try | Action::Action => match &branch.forward {
                 Forward::Absent => match behave {
                     Behave::Ok => {

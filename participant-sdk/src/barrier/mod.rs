@@ -16,6 +16,12 @@
 //! | Compensate, repeat           | own row exists                   | success, no effect              |
 //! | Cancel before Try            | Try's row inserted *by Cancel*   | success (empty rollback)        |
 //! | Cancel of a refused Try      | Try's row says failure           | success, nothing to undo        |
+//! | message's local transaction  | message slot inserted            | run the business, commit        |
+//! | message check-back, no slot  | slot inserted *by the check-back*| FAILURE (drop); the late local transaction cannot commit |
+//! | message check-back, committed| slot exists, written by the local transaction | SUCCESS (deliver) |
+//!
+//! Two-phase messages (see [`prepare_message`] and [`check_back`]) use the same unique key: the
+//! check-back never guesses, it waits for a local transaction still holding the slot.
 //!
 //! **Phase two is one-way.** A TCC branch has one phase-two slot, the row `(xid, branch,
 //! "phase2")`: Confirm and Cancel both insert it with their name in `written_by`, so the unique
@@ -39,6 +45,7 @@
 //! Use it directly with [`call`] inside your own transaction, or let
 //! [`crate::server::ParticipantServer`] do it for every gRPC branch call.
 
+mod message;
 mod sql;
 
 use dtx_proto::limits;
@@ -46,6 +53,7 @@ use dtx_proto::v1::BranchAction;
 use dtx_sql::{Conn, now_ms};
 use futures::future::BoxFuture;
 
+pub use message::{MESSAGE_BRANCH, Prepared, check_back, prepare_message};
 pub use sql::purge_older_than;
 
 pub use dtx_idempotency::HandlerError;
@@ -64,6 +72,10 @@ dtx_sql::db_enum! {
         Action = "action",
         /// A saga step's compensation.
         Compensate = "compensate",
+        /// The coordinator asking whether a two-phase message's local transaction committed.
+        CheckBack = "check_back",
+        /// A two-phase message's local transaction (no wire action: the initiator writes it).
+        Message = "message",
     }
 }
 
@@ -96,18 +108,22 @@ impl Action {
             BranchAction::Cancel => Some(Action::Cancel),
             BranchAction::Action => Some(Action::Action),
             BranchAction::Compensate => Some(Action::Compensate),
+            BranchAction::CheckBack => Some(Action::CheckBack),
             BranchAction::Unspecified => None,
         }
     }
 
-    pub fn to_wire(self) -> BranchAction {
-        match self {
+    /// The wire enum; `None` for [`Action::Message`], which no call carries.
+    pub fn to_wire(self) -> Option<BranchAction> {
+        Some(match self {
             Action::Try => BranchAction::Try,
             Action::Confirm => BranchAction::Confirm,
             Action::Cancel => BranchAction::Cancel,
             Action::Action => BranchAction::Action,
             Action::Compensate => BranchAction::Compensate,
-        }
+            Action::CheckBack => BranchAction::CheckBack,
+            Action::Message => return None,
+        })
     }
 }
 
@@ -230,6 +246,12 @@ where
     C: Conn,
     F: for<'c> FnOnce(&'c mut C) -> BoxFuture<'c, Result<Reply, HandlerError>>,
 {
+    if matches!(key.action, Action::CheckBack | Action::Message) {
+        return Err(Error::Barrier(format!(
+            "{} is a two-phase message's, not a branch call's: use check_back/prepare_message",
+            key.action
+        )));
+    }
     match key.action.undoes() {
         None if key.action.is_forward() => forward(conn, key, handler).await,
         None => confirm(conn, key, handler).await,

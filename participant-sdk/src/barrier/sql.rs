@@ -27,6 +27,9 @@ db_enum! {
         /// A branch's one phase-two slot: Confirm and Cancel both insert it, `written_by` says
         /// which of them won.
         PhaseTwo = "phase2",
+        /// A two-phase message's one slot: the initiator's local transaction and the
+        /// coordinator's check-back both insert it, `written_by` says which of them was first.
+        Message = "message",
     }
 }
 

@@ -48,6 +48,7 @@ class BranchAction(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     BRANCH_ACTION_CANCEL: _ClassVar[BranchAction]
     BRANCH_ACTION_ACTION: _ClassVar[BranchAction]
     BRANCH_ACTION_COMPENSATE: _ClassVar[BranchAction]
+    BRANCH_ACTION_CHECK_BACK: _ClassVar[BranchAction]
 
 class Outcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -109,6 +110,7 @@ BRANCH_ACTION_CONFIRM: BranchAction
 BRANCH_ACTION_CANCEL: BranchAction
 BRANCH_ACTION_ACTION: BranchAction
 BRANCH_ACTION_COMPENSATE: BranchAction
+BRANCH_ACTION_CHECK_BACK: BranchAction
 OUTCOME_UNSPECIFIED: Outcome
 OUTCOME_SUCCESS: Outcome
 OUTCOME_FAILURE: Outcome
