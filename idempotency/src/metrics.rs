@@ -61,8 +61,9 @@ pub(crate) enum Outcome {
     Conflict,
     /// The record waits for a person.
     Parked,
-    /// A new key over its tenant's limit ([`crate::http::IdempotencyLayer::limit_new_keys`]):
+    /// A new key over its tenant's limit (the HTTP layer's `limit_new_keys`):
     /// refused, nothing stored.
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
     Limited,
 }
 
