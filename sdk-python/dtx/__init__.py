@@ -5,7 +5,20 @@ service takes part in the same TCC transactions and sagas as Rust ones.
 """
 
 from .auth import CallRefused, CallVerifier
-from .barrier import Action, Answer, BarrierError, BranchKey, Detail, Reply, call, request_hash
+from .barrier import (
+    Action,
+    Answer,
+    BarrierError,
+    BranchKey,
+    Detail,
+    MessageDropped,
+    Prepared,
+    Reply,
+    call,
+    check_back,
+    prepare_message,
+    request_hash,
+)
 from .client import (
     BranchInDoubt,
     BranchRefused,
@@ -35,14 +48,18 @@ __all__ = [
     "Detail",
     "DtxError",
     "LimitError",
+    "MessageDropped",
     "MySql",
     "ParticipantServer",
+    "Prepared",
     "Postgres",
     "Rejected",
     "Reply",
     "ServerTls",
     "Sqlite",
     "call",
+    "check_back",
     "from_url",
+    "prepare_message",
     "request_hash",
 ]

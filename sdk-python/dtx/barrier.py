@@ -55,6 +55,9 @@ _PURGE = {
     "WHERE created_ms < ? ORDER BY created_ms LIMIT ?)",
 }
 PHASE_TWO = "phase2"
+#: A two-phase message's one slot (the ``action`` column) and its branch id.
+MESSAGE_SLOT = "message"
+MESSAGE_BRANCH = "msg"
 
 
 class Action(enum.Enum):
@@ -65,6 +68,10 @@ class Action(enum.Enum):
     CANCEL = "cancel"
     ACTION = "action"
     COMPENSATE = "compensate"
+    #: The coordinator asking whether a two-phase message's local transaction committed.
+    CHECK_BACK = "check_back"
+    #: A two-phase message's local transaction (no wire action: the initiator writes it).
+    MESSAGE = "message"
 
     @property
     def is_forward(self):
@@ -146,6 +153,20 @@ class BarrierError(RuntimeError):
     """The table holds something the protocol cannot produce."""
 
 
+class MessageDropped(RuntimeError):
+    """A check-back found the message's local transaction uncommitted and dropped the message:
+    roll the local transaction back (nothing will be delivered)."""
+
+
+class Prepared(enum.Enum):
+    """What :func:`prepare_message` found."""
+
+    #: The slot is this transaction's: run the business change and commit.
+    FRESH = "fresh"
+    #: An earlier local transaction of this message committed: do not run the business again.
+    ALREADY_COMMITTED = "already_committed"
+
+
 def request_hash(*parts):
     """SHA-256 (hex) over length-prefixed parts, as the Rust ``RequestHash::of_parts``: the
     participant server hashes (handler, payload)."""
@@ -164,12 +185,51 @@ def call(tx, key, handler):
     roll the transaction back: the barrier row goes with it and a retry runs again). After a
     return, committing is always right: a refusal is already isolated by a savepoint.
     """
+    if key.action in (Action.CHECK_BACK, Action.MESSAGE):
+        raise BarrierError(
+            f"{key.action.value} is a two-phase message's, not a branch call's: use "
+            "check_back/prepare_message"
+        )
     origin = key.action.undoes
     if origin is not None:
         return _undo(tx, key, origin, handler)
     if key.action.is_forward:
         return _forward(tx, key, handler)
     return _confirm(tx, key, handler)
+
+
+def prepare_message(tx, xid):
+    """Inside the initiator's local transaction of two-phase message ``xid``: takes the
+    message's slot (see :func:`check_back`). Raises :class:`MessageDropped` if a check-back
+    took it first - the message is dropped and ``tx`` must roll back."""
+    limits.check_scoped_xid(xid)
+    if _insert(tx, xid, MESSAGE_BRANCH, MESSAGE_SLOT, Action.MESSAGE, Outcome.SUCCESS):
+        return Prepared.FRESH
+    if _message_holder(tx, xid) == Action.MESSAGE:
+        return Prepared.ALREADY_COMMITTED
+    raise MessageDropped(f"message {xid} was dropped by a check-back before its local "
+                         "transaction committed")
+
+
+def check_back(tx, xid):
+    """The coordinator's check-back of message ``xid``, in a transaction of its own (commit it
+    after a return): SUCCESS if the message's local transaction committed (deliver); otherwise
+    it takes the slot so that transaction never can, and answers FAILURE (drop). While the local
+    transaction still runs, the insert waits for it: the answer is never a guess."""
+    limits.check_scoped_xid(xid)
+    dropped = Reply.refuse(f"message {xid}: its local transaction did not commit")
+    if _insert(tx, xid, MESSAGE_BRANCH, MESSAGE_SLOT, Action.CHECK_BACK, Outcome.EMPTY):
+        return Answer(dropped, Detail.EMPTY_ROLLBACK)
+    if _message_holder(tx, xid) == Action.MESSAGE:
+        return Answer(Reply.ok(), Detail.DUPLICATE)
+    return Answer(dropped, Detail.DUPLICATE)
+
+
+def _message_holder(tx, xid):
+    row = _read(tx, xid, MESSAGE_BRANCH, MESSAGE_SLOT)
+    if row is None:
+        raise BarrierError(f"message slot of {xid} vanished")
+    return row[0]
 
 
 def _insert(tx, xid, branch_id, action, written_by, outcome, request=None):

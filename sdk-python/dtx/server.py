@@ -56,7 +56,11 @@ _WIRE_ACTIONS = {
     wire.BRANCH_ACTION_CANCEL: Action.CANCEL,
     wire.BRANCH_ACTION_ACTION: Action.ACTION,
     wire.BRANCH_ACTION_COMPENSATE: Action.COMPENSATE,
+    wire.BRANCH_ACTION_CHECK_BACK: Action.CHECK_BACK,
 }
+
+#: The registration of a message check-back handler (:meth:`ParticipantServer.message_check_back`).
+_CHECK_BACK = object()
 
 #: The largest request the Rust servers decode (``dtx_proto::limits::MAX_REQUEST_BYTES``).
 MAX_REQUEST_BYTES = 64 * (64 + 512 + 128 + 2 * 65536 + 64 * 64 + 32 * (64 + 1024)) + (
@@ -137,6 +141,12 @@ class ParticipantServer(dtx_pb2_grpc.ParticipantServicer):
     def saga(self, name, action, compensate):
         """Registers a saga step: ``name``'s action and compensation handlers."""
         self._handlers[name] = {Action.ACTION: action, Action.COMPENSATE: compensate}
+        return self
+
+    def message_check_back(self, name):
+        """Answers the coordinator's check-backs of two-phase messages sent to handler ``name``
+        from this server's barrier table (see :func:`dtx.barrier.check_back`)."""
+        self._handlers[name] = {Action.CHECK_BACK: _CHECK_BACK}
         return self
 
     # -- gRPC ------------------------------------------------------------------------------
@@ -236,7 +246,8 @@ class ParticipantServer(dtx_pb2_grpc.ParticipantServicer):
         if action is None:
             raise Rejected(
                 grpc.StatusCode.INVALID_ARGUMENT,
-                f"action {request.action} is not one of TRY, CONFIRM, CANCEL, ACTION, COMPENSATE",
+                f"action {request.action} is not one of TRY, CONFIRM, CANCEL, ACTION, COMPENSATE, "
+                "CHECK_BACK",
             )
         headers = dict(request.headers) if headers is None else headers
         try:
@@ -255,7 +266,8 @@ class ParticipantServer(dtx_pb2_grpc.ParticipantServicer):
             raise Rejected(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"handler {request.handler!r} has no {action.value} (TCC handlers take "
-                "try/confirm/cancel, saga handlers action/compensate)",
+                "try/confirm/cancel, saga handlers action/compensate, message check-backs "
+                "check_back)",
             )
         call = BranchCall(
             request.xid, request.branch_id, request.handler, action, bytes(request.payload), headers
@@ -275,7 +287,10 @@ class ParticipantServer(dtx_pb2_grpc.ParticipantServicer):
         while True:
             try:
                 with self.database.transaction() as tx:
-                    answer = barrier.call(tx, key, lambda conn: handler(conn, call))
+                    if handler is _CHECK_BACK:
+                        answer = barrier.check_back(tx, call.xid)
+                    else:
+                        answer = barrier.call(tx, key, lambda conn: handler(conn, call))
                 return _to_wire(answer)
             except Exception as e:
                 if self.database.is_lock_conflict(e) and attempt < self.conflict_retries:
