@@ -536,7 +536,8 @@ fn attention_text(reason: &str) -> &str {
 
 /// Poll interval while waiting for someone else's lease: short at first, then capped.
 fn backoff(attempt: u32) -> Duration {
-    Duration::from_millis((10u64 << attempt.min(5)).min(250))
+    dtx_proto::backoff::Backoff::new(Duration::from_millis(10), Duration::from_millis(250))
+        .delay(attempt, 0.0)
 }
 
 /// Paces a repeat that waits for another request's live lease, up to a deadline.

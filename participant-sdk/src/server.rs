@@ -50,6 +50,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dtx_proto::auth::CallVerifier;
+use dtx_proto::backoff::Backoff;
 use dtx_proto::codec::SizeGuard;
 use dtx_proto::limits::{self, LimitError};
 use dtx_proto::trace::{TRACEPARENT, TraceParent};
@@ -304,6 +305,10 @@ impl<DB: Backend> ParticipantServer<DB> {
     }
 }
 
+/// Waits before running a local transaction that lost a lock conflict again: 5 ms doubling up
+/// to 80 ms.
+const CONFLICT_RETRY: Backoff = Backoff::new(Duration::from_millis(5), Duration::from_millis(80));
+
 /// Runs one call's local transaction, again while it loses lock conflicts.
 async fn run_with_retries<DB: Backend>(
     pool: Pool<DB>,
@@ -325,7 +330,7 @@ async fn run_with_retries<DB: Backend>(
                 attempt += 1;
                 metrics::lock_conflict(&call.handler);
                 tracing::debug!(attempt, error = %e, "lock conflict, running the branch again");
-                tokio::time::sleep(Duration::from_millis(5 * u64::from(attempt))).await;
+                tokio::time::sleep(CONFLICT_RETRY.delay(attempt - 1, 0.0)).await;
             }
             Err(e) => {
                 let kind = failure_kind(&e);

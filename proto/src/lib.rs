@@ -14,6 +14,7 @@
 
 pub mod answer;
 pub mod auth;
+pub mod backoff;
 pub mod codec;
 pub mod duration;
 pub mod http;

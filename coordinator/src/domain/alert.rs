@@ -215,10 +215,13 @@ fn mac(secret: &[u8], unix_s: i64, body: &str) -> Vec<u8> {
 /// with a random quarter of jitter (`unit` in [0, 1)) so a receiver coming back is not hit by
 /// every coordinator at once.
 pub fn redelivery_ms(attempts: i64, max_ms: i64, unit: f64) -> i64 {
-    let step = 1000i64
-        .saturating_mul(1 << attempts.clamp(0, 30))
-        .min(max_ms.max(1));
-    step - (step as f64 * 0.25 * unit.clamp(0.0, 1.0)) as i64
+    let max = std::time::Duration::from_millis(max_ms.max(1) as u64);
+    let backoff = dtx_proto::backoff::Backoff::new(std::time::Duration::from_secs(1), max);
+    // `unit` takes the jitter off the step (so 0 waits the whole step).
+    let wait = backoff
+        .jitter(0.25)
+        .delay(attempts.clamp(0, 30) as u32, 1.0 - unit.clamp(0.0, 1.0));
+    wait.as_millis() as i64
 }
 
 #[cfg(test)]

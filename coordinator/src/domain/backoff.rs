@@ -31,13 +31,9 @@ impl RetryPolicy {
     /// ("equal jitter": never zero, so retries of many transactions spread out but never spin).
     /// `unit` is a uniform random number in [0, 1).
     pub fn backoff(&self, attempt: u32, unit: f64) -> Duration {
-        let exp = attempt.saturating_sub(1).min(30);
-        let step = self
-            .initial_backoff
-            .saturating_mul(1u32 << exp)
-            .min(self.max_backoff);
-        let half = step / 2;
-        half + half.mul_f64(unit.clamp(0.0, 1.0))
+        dtx_proto::backoff::Backoff::new(self.initial_backoff, self.max_backoff)
+            .jitter(0.5)
+            .delay(attempt.saturating_sub(1), unit)
     }
 }
 

@@ -223,10 +223,18 @@ mod tests {
             Outcome::SPELLINGS,
             ["pending", "success", "failure", "none"]
         );
-        assert_eq!(Slot::SPELLINGS, ["phase2"]);
+        assert_eq!(Slot::SPELLINGS, ["phase2", "message"]);
         assert_eq!(
             Action::SPELLINGS,
-            ["try", "confirm", "cancel", "action", "compensate"]
+            [
+                "try",
+                "confirm",
+                "cancel",
+                "action",
+                "compensate",
+                "check_back",
+                "message"
+            ]
         );
     }
 }
