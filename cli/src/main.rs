@@ -396,7 +396,9 @@ async fn act(
         code: 5,
         message: format!("--operator {operator:?} is not valid metadata text"),
     })?;
-    request.metadata_mut().insert("x-dtx-operator", value);
+    request
+        .metadata_mut()
+        .insert(dtx_proto::auth::OPERATOR, value);
     let detail = match which {
         Act::Resume => admin.resume(request).await,
         Act::Rollback => admin.force_rollback(request).await,

@@ -21,7 +21,7 @@ pub const ANONYMOUS: &str = "anonymous";
 
 /// The metadata key naming the operator of an action when auth is off (with auth on, the
 /// operator is the token's subject and this header is ignored).
-pub const OPERATOR_HEADER: &str = "x-dtx-operator";
+pub use dtx_proto::auth::OPERATOR as OPERATOR_HEADER;
 
 /// What a caller may do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

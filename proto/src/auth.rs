@@ -16,6 +16,10 @@ pub const AUTHORIZATION: &str = "authorization";
 /// `authorization`, which the participant's service may use for its own callers).
 pub const CALL_TOKEN: &str = "x-dtx-call-token";
 
+/// The metadata key (HTTP header) naming the person behind an admin action, recorded in the
+/// history, when auth is off (with auth on, the operator is the token's subject).
+pub const OPERATOR: &str = "x-dtx-operator";
+
 /// The issuer of branch-call tokens.
 pub const CALL_ISSUER: &str = "dtx-coordinator";
 
