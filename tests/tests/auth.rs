@@ -193,6 +193,36 @@ async fn setup<DB: TestBackend>(db: &'static TestDb<DB>, extra: &[String]) -> Se
     }
 }
 
+/// Begins `{prefix}-1` and `{prefix}-2` as `token`'s tenant, then `{prefix}-3`, which must be
+/// RESOURCE_EXHAUSTED with nothing stored: its status.
+async fn third_begin_refused<DB: TestBackend>(
+    db: &TestDb<DB>,
+    s: &Setup,
+    token: &str,
+    prefix: &str,
+) -> tonic::Status {
+    let url = &s.coordinator.url;
+    for i in 1..=2 {
+        let begin = json!({"xid": format!("{prefix}-{i}"), "timeoutMs": 60000});
+        let code = grpc(url, "dtx.v1.Coordinator/Begin", begin, Some(token)).await;
+        assert_eq!(code, Code::Ok);
+    }
+    let before = stored(db).await;
+    let mut client = CoordinatorClient::connect(url.clone()).await.unwrap();
+    let mut request = tonic::Request::new(wire::BeginRequest {
+        xid: format!("{prefix}-3"),
+        timeout_ms: 60_000,
+    });
+    request.metadata_mut().insert(
+        "authorization",
+        dtx_proto::auth::bearer_value(token).unwrap(),
+    );
+    let refused = client.begin(request).await.unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    assert_eq!(stored(db).await, before, "a refused begin stored something");
+    refused
+}
+
 /// A committed TCC of `client`'s tenant moving `amount` from alice, waited for.
 async fn commit_tcc(client: &Coordinator, xid: &str, bank: &str, amount: i64) -> wire::Transaction {
     let options = TccOptions {
@@ -503,82 +533,64 @@ async fn a_participant_obeys_only_calls_the_coordinator_signed_for_them() {
 /// `retry-after` metadata, HTTP/JSON 429 with `Retry-After`), nothing stored, counted by
 /// tenant; another tenant is not charged; after the wait it may begin again.
 async fn a_tenant_past_its_quota_waits_and_others_do_not<DB: TestBackend>(db: &'static TestDb<DB>) {
-    {
-        let (http_addr, metrics_addr) = (free_addr().await, free_addr().await);
-        let extra = [
-            "--quota-begins-per-second",
-            "2",
-            "--http-listen",
-            &http_addr.to_string(),
-            "--metrics-listen",
-            &metrics_addr.to_string(),
-        ]
-        .map(String::from);
-        let s = setup(db, &extra).await;
-        let (acme, globex) = (
-            s.keys.jwt("orders", "acme", &["initiator"]),
-            s.keys.jwt("orders", "globex", &["initiator"]),
-        );
-        let begin = |xid: &str| json!({"xid": xid, "timeoutMs": 60000});
-        let url = &s.coordinator.url;
-        for xid in ["q-1", "q-2"] {
-            assert_eq!(
-                grpc(url, "dtx.v1.Coordinator/Begin", begin(xid), Some(&acme)).await,
-                Code::Ok
-            );
-        }
-        let before = stored(db).await;
-        let mut client = CoordinatorClient::connect(url.clone()).await.unwrap();
-        let mut request = tonic::Request::new(wire::BeginRequest {
-            xid: "q-3".into(),
-            timeout_ms: 60_000,
-        });
-        request.metadata_mut().insert(
-            "authorization",
-            dtx_proto::auth::bearer_value(&acme).unwrap(),
-        );
-        let refused = client.begin(request).await.unwrap_err();
-        assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
-        assert!(
-            refused.message().contains("--quota-begins-per-second"),
-            "{refused:?}"
-        );
-        assert_eq!(refused.metadata().get("retry-after").unwrap(), "1");
-        let answer = reqwest::Client::new()
-            .post(format!("http://{http_addr}/dtx.v1.Coordinator/Begin"))
-            .bearer_auth(&acme)
-            .header("content-type", "application/json")
-            .body(begin("q-4").to_string())
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(answer.status(), 429);
-        assert_eq!(answer.headers()["retry-after"], "1");
-        assert_eq!(stored(db).await, before, "a refused begin stored something");
-        // Another tenant is not charged for acme's calls.
-        assert_eq!(
-            grpc(url, "dtx.v1.Coordinator/Begin", begin("q-1"), Some(&globex)).await,
-            Code::Ok
-        );
-        let scrape = reqwest::get(format!("http://{metrics_addr}/metrics"))
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        let line = scrape
-            .lines()
-            .find(|l| l.starts_with("dtx_quota_rejections_total{") && l.contains("\"acme\""))
-            .unwrap_or_else(|| panic!("no rejection counted:\n{scrape}"));
-        assert!(line.ends_with(" 2"), "{line}");
-        // After the wait, acme begins again.
-        tokio::time::sleep(Duration::from_millis(1100)).await;
-        assert_eq!(
-            grpc(url, "dtx.v1.Coordinator/Begin", begin("q-5"), Some(&acme)).await,
-            Code::Ok
-        );
-        s.coordinator.stop().await;
-    }
+    let (http_addr, metrics_addr) = (free_addr().await, free_addr().await);
+    let extra = [
+        "--quota-begins-per-second",
+        "2",
+        "--http-listen",
+        &http_addr.to_string(),
+        "--metrics-listen",
+        &metrics_addr.to_string(),
+    ]
+    .map(String::from);
+    let s = setup(db, &extra).await;
+    let (acme, globex) = (
+        s.keys.jwt("orders", "acme", &["initiator"]),
+        s.keys.jwt("orders", "globex", &["initiator"]),
+    );
+    let begin = |xid: &str| json!({"xid": xid, "timeoutMs": 60000});
+    let url = &s.coordinator.url;
+    let refused = third_begin_refused(db, &s, &acme, "q").await;
+    assert!(
+        refused.message().contains("--quota-begins-per-second"),
+        "{refused:?}"
+    );
+    assert_eq!(refused.metadata().get("retry-after").unwrap(), "1");
+    let before = stored(db).await;
+    let answer = reqwest::Client::new()
+        .post(format!("http://{http_addr}/dtx.v1.Coordinator/Begin"))
+        .bearer_auth(&acme)
+        .header("content-type", "application/json")
+        .body(begin("q-4").to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 429);
+    assert_eq!(answer.headers()["retry-after"], "1");
+    assert_eq!(stored(db).await, before, "a refused begin stored something");
+    // Another tenant is not charged for acme's calls.
+    assert_eq!(
+        grpc(url, "dtx.v1.Coordinator/Begin", begin("q-1"), Some(&globex)).await,
+        Code::Ok
+    );
+    let scrape = reqwest::get(format!("http://{metrics_addr}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let line = scrape
+        .lines()
+        .find(|l| l.starts_with("dtx_quota_rejections_total{") && l.contains("\"acme\""))
+        .unwrap_or_else(|| panic!("no rejection counted:\n{scrape}"));
+    assert!(line.ends_with(" 2"), "{line}");
+    // After the wait, acme begins again.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(
+        grpc(url, "dtx.v1.Coordinator/Begin", begin("q-5"), Some(&acme)).await,
+        Code::Ok
+    );
+    s.coordinator.stop().await;
 }
 test_on_all_databases!(a_tenant_past_its_quota_waits_and_others_do_not, SCHEMAS);
 
@@ -588,63 +600,43 @@ test_on_all_databases!(a_tenant_past_its_quota_waits_and_others_do_not, SCHEMAS)
 async fn a_tenant_with_its_limit_in_flight_begins_no_more<DB: TestBackend>(
     db: &'static TestDb<DB>,
 ) {
-    {
-        let extra = ["--quota-transactions-in-flight", "2"].map(String::from);
-        let s = setup(db, &extra).await;
-        let (acme, globex) = (
-            s.keys.jwt("orders", "acme", &["initiator"]),
-            s.keys.jwt("orders", "globex", &["initiator"]),
-        );
-        let begin = |xid: &str| json!({"xid": xid, "timeoutMs": 60000});
-        let url = &s.coordinator.url;
-        for xid in ["f-1", "f-2"] {
-            assert_eq!(
-                grpc(url, "dtx.v1.Coordinator/Begin", begin(xid), Some(&acme)).await,
-                Code::Ok
-            );
-        }
-        let before = stored(db).await;
-        let mut client = CoordinatorClient::connect(url.clone()).await.unwrap();
-        let mut request = tonic::Request::new(wire::BeginRequest {
-            xid: "f-3".into(),
-            timeout_ms: 60_000,
-        });
-        request.metadata_mut().insert(
-            "authorization",
-            dtx_proto::auth::bearer_value(&acme).unwrap(),
-        );
-        let refused = client.begin(request).await.unwrap_err();
-        assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
-        assert!(
-            refused.message().contains(
-                "has 2 transactions in flight, its limit is 2 (--quota-transactions-in-flight)"
-            ),
-            "{refused:?}"
-        );
-        assert_eq!(refused.metadata().get("retry-after").unwrap(), "1");
-        assert_eq!(stored(db).await, before, "a refused begin stored something");
-        assert_eq!(
-            grpc(url, "dtx.v1.Coordinator/Begin", begin("f-1"), Some(&globex)).await,
-            Code::Ok
-        );
-        // One of acme's finishes; after the count is read again, acme begins again.
-        assert_eq!(
-            grpc(
-                url,
-                "dtx.v1.Coordinator/Rollback",
-                json!({"xid": "f-1"}),
-                Some(&acme)
-            )
-            .await,
-            Code::Ok
-        );
-        tokio::time::sleep(Duration::from_millis(1100)).await;
-        assert_eq!(
-            grpc(url, "dtx.v1.Coordinator/Begin", begin("f-3"), Some(&acme)).await,
-            Code::Ok
-        );
-        s.coordinator.stop().await;
-    }
+    let extra = ["--quota-transactions-in-flight", "2"].map(String::from);
+    let s = setup(db, &extra).await;
+    let (acme, globex) = (
+        s.keys.jwt("orders", "acme", &["initiator"]),
+        s.keys.jwt("orders", "globex", &["initiator"]),
+    );
+    let begin = |xid: &str| json!({"xid": xid, "timeoutMs": 60000});
+    let url = &s.coordinator.url;
+    let refused = third_begin_refused(db, &s, &acme, "f").await;
+    assert!(
+        refused.message().contains(
+            "has 2 transactions in flight, its limit is 2 (--quota-transactions-in-flight)"
+        ),
+        "{refused:?}"
+    );
+    assert_eq!(refused.metadata().get("retry-after").unwrap(), "1");
+    assert_eq!(
+        grpc(url, "dtx.v1.Coordinator/Begin", begin("f-1"), Some(&globex)).await,
+        Code::Ok
+    );
+    // One of acme's finishes; after the count is read again, acme begins again.
+    assert_eq!(
+        grpc(
+            url,
+            "dtx.v1.Coordinator/Rollback",
+            json!({"xid": "f-1"}),
+            Some(&acme)
+        )
+        .await,
+        Code::Ok
+    );
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(
+        grpc(url, "dtx.v1.Coordinator/Begin", begin("f-3"), Some(&acme)).await,
+        Code::Ok
+    );
+    s.coordinator.stop().await;
 }
 test_on_all_databases!(a_tenant_with_its_limit_in_flight_begins_no_more, SCHEMAS);
 

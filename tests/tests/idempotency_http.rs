@@ -103,8 +103,12 @@ async fn start_with<DB: TestBackend>(
     db: &'static TestDb<DB>,
     store: Idempotency<DB>,
 ) -> (HttpServer, App<DB>) {
-    // The tenant would come from authentication; here a header stands in for it.
-    let layer = IdempotencyLayer::new(store, "order.create")
+    serve(db, header_tenant(store), false).await
+}
+
+/// The layer over `store`, its tenant read from `x-tenant` (where authentication would set it).
+fn header_tenant<DB: TestBackend>(store: Idempotency<DB>) -> IdempotencyLayer<DB> {
+    IdempotencyLayer::new(store, "order.create")
         .unwrap()
         .tenant(|parts| {
             parts
@@ -112,8 +116,7 @@ async fn start_with<DB: TestBackend>(
                 .get("x-tenant")
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_string)
-        });
-    serve(db, layer, false).await
+        })
 }
 
 /// Serves the orders routes behind `layer`; with `authenticated`, behind an authentication
@@ -410,19 +413,10 @@ async fn records<DB: TestBackend>(db: &TestDb<DB>) -> i64 {
 async fn new_keys_past_a_tenants_limit_are_429_and_stored_nowhere<DB: TestBackend>(
     db: &'static TestDb<DB>,
 ) {
-    let layer = IdempotencyLayer::new(Idempotency::new(db.pool.clone()), "order.create")
-        .unwrap()
-        .tenant(|parts| {
-            parts
-                .headers
-                .get("x-tenant")
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_string)
-        })
-        .limit_new_keys(
-            std::num::NonZeroU32::new(3).unwrap(),
-            Duration::from_secs(3600),
-        );
+    let layer = header_tenant(Idempotency::new(db.pool.clone())).limit_new_keys(
+        std::num::NonZeroU32::new(3).unwrap(),
+        Duration::from_secs(3600),
+    );
     let (server, app) = serve(db, layer, false).await;
     for key in ["k1", "k2", "k3"] {
         let first = post(&server, "t1", Some(key), TEN_EUR).await;
