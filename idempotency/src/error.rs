@@ -34,3 +34,12 @@ pub enum Error {
     #[error("idempotency record misused: {0}")]
     Misuse(String),
 }
+
+impl dtx_sql::LockConflict for Error {
+    fn database_error(&self) -> Option<&dtx_sql::sqlx::Error> {
+        match self {
+            Error::Database(e) => Some(e),
+            _ => None,
+        }
+    }
+}

@@ -36,6 +36,15 @@ struct Attempt<'a, F> {
     business: &'a F,
 }
 
+// Not derived: a derive would require `F: Copy`; only references are copied.
+impl<F> Clone for Attempt<'_, F> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<F> Copy for Attempt<'_, F> {}
+
 /// What one transaction attempt came to.
 enum Step {
     /// The business ran (having won the key this way) and its outcome committed.
@@ -74,7 +83,6 @@ impl<DB: Backend> Idempotency<DB> {
             + Sync,
     {
         let mut waiter = Waiter::new(self.wait);
-        let mut conflicts = 0;
         // A token won through the lease path (fact check said "not happened").
         let mut owned: Option<(String, Outcome)> = None;
         let answered = |answer: Answer| {
@@ -90,7 +98,16 @@ impl<DB: Backend> Idempotency<DB> {
                 owned: owned.as_ref().map(|(token, won)| (token.as_str(), *won)),
                 business: &business,
             };
-            let step = self.attempt(request).await;
+            let step = dtx_sql::rerun_lock_conflicts(
+                self.conflict_retries,
+                |n| backoff(n + 1),
+                |attempt, e: &Error| {
+                    metrics::lock_conflict(key.scope());
+                    tracing::debug!(attempt, error = %e, "lock conflict, running again");
+                },
+                || self.attempt(request),
+            )
+            .await;
             match step {
                 Ok(Step::Answer(Answer::InProgress { .. })) if waiter.has_time() => {
                     waiter.pause().await
@@ -106,14 +123,6 @@ impl<DB: Backend> Idempotency<DB> {
                     Claim::Owned(lease) => owned = Some(lease.into_token()),
                     Claim::Answered(answer) => return answered(answer),
                 },
-                Err(Error::Database(e))
-                    if dtx_sql::is_lock_conflict(&e) && conflicts < self.conflict_retries =>
-                {
-                    conflicts += 1;
-                    metrics::lock_conflict(key.scope());
-                    tracing::debug!(attempt = conflicts, error = %e, "lock conflict, running again");
-                    tokio::time::sleep(backoff(conflicts)).await;
-                }
                 Err(e) => return Err(e),
             }
         }

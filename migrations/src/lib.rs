@@ -14,7 +14,8 @@
 //!   [`Savepoint`] isolates part of a transaction, [`delete_limit!`] / [`delete_batched`] /
 //!   [`purge_batched`] delete old rows in bounded batches.
 //! * **Cancellation**: [`detached`] runs a database conversation to its end even when the
-//!   request that started it goes away.
+//!   request that started it goes away; [`rerun_lock_conflicts`] runs a local transaction
+//!   again after it lost a lock conflict.
 //!
 //! Why not sqlx's `Any` driver: it has no placeholder translation and drops types; why not
 //! generic code over `sqlx::Database`: the trait bounds it needs are not implied and would have to
@@ -31,6 +32,7 @@ mod dialect;
 mod enums;
 mod literals;
 mod purge;
+mod rerun;
 mod savepoint;
 
 pub use backend::{Backend, Schema};
@@ -39,6 +41,7 @@ pub use detached::detached;
 pub use dialect::{Dialect, Sql};
 pub use literals::{assert_literals_known, sql_literals};
 pub use purge::{delete_batched, purge_batched};
+pub use rerun::{LockConflict, rerun_lock_conflicts};
 pub use savepoint::Savepoint;
 
 /// Replaces the database name (the URL path) of `url`.

@@ -68,6 +68,15 @@ impl From<dtx_idempotency::Error> for Error {
     }
 }
 
+impl dtx_sql::LockConflict for Error {
+    fn database_error(&self) -> Option<&dtx_sql::sqlx::Error> {
+        match self {
+            Error::Database(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

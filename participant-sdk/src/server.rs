@@ -317,35 +317,34 @@ async fn run_with_retries<DB: Backend>(
     conflict_retries: u32,
 ) -> BranchResponse {
     let (work, call) = (&work, &call);
-    let mut attempt = 0;
-    loop {
-        match run_once(&pool, work, call).await {
-            Ok(answer) => {
-                metrics::call(&call.handler, call.action, Some(answer.detail));
-                return to_wire(answer);
+    let ran = dtx_sql::rerun_lock_conflicts(
+        conflict_retries,
+        |n| CONFLICT_RETRY.delay(n, 0.0),
+        |attempt, e: &Error| {
+            metrics::lock_conflict(&call.handler);
+            tracing::debug!(attempt, error = %e, "lock conflict, running the branch again");
+        },
+        || run_once(&pool, work, call),
+    )
+    .await;
+    match ran {
+        Ok(answer) => {
+            metrics::call(&call.handler, call.action, Some(answer.detail));
+            to_wire(answer)
+        }
+        Err(e) => {
+            let kind = failure_kind(&e);
+            if matches!(e, Error::Barrier(_)) {
+                tracing::error!(error = %e, kind, "branch rolled back; answering RETRY");
+            } else {
+                tracing::warn!(error = %e, kind, "branch rolled back; answering RETRY");
             }
-            Err(Error::Database(e))
-                if dtx_sql::is_lock_conflict(&e) && attempt < conflict_retries =>
-            {
-                attempt += 1;
-                metrics::lock_conflict(&call.handler);
-                tracing::debug!(attempt, error = %e, "lock conflict, running the branch again");
-                tokio::time::sleep(CONFLICT_RETRY.delay(attempt - 1, 0.0)).await;
-            }
-            Err(e) => {
-                let kind = failure_kind(&e);
-                if matches!(e, Error::Barrier(_)) {
-                    tracing::error!(error = %e, kind, "branch rolled back; answering RETRY");
-                } else {
-                    tracing::warn!(error = %e, kind, "branch rolled back; answering RETRY");
-                }
-                metrics::call(&call.handler, call.action, None);
-                return BranchResponse {
-                    outcome: Outcome::Retry as i32,
-                    result: Vec::new(),
-                    message: e.to_string(),
-                    detail: OutcomeDetail::Unspecified as i32,
-                };
+            metrics::call(&call.handler, call.action, None);
+            BranchResponse {
+                outcome: Outcome::Retry as i32,
+                result: Vec::new(),
+                message: e.to_string(),
+                detail: OutcomeDetail::Unspecified as i32,
             }
         }
     }
