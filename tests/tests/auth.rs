@@ -223,6 +223,12 @@ async fn third_begin_refused<DB: TestBackend>(
     refused
 }
 
+/// Initiator tokens of two tenants, `acme` and `globex`.
+fn two_tenants(s: &Setup) -> (String, String) {
+    let initiator = |tenant| s.keys.jwt("orders", tenant, &["initiator"]);
+    (initiator("acme"), initiator("globex"))
+}
+
 /// A committed TCC of `client`'s tenant moving `amount` from alice, waited for.
 async fn commit_tcc(client: &Coordinator, xid: &str, bank: &str, amount: i64) -> wire::Transaction {
     let options = TccOptions {
@@ -544,10 +550,7 @@ async fn a_tenant_past_its_quota_waits_and_others_do_not<DB: TestBackend>(db: &'
     ]
     .map(String::from);
     let s = setup(db, &extra).await;
-    let (acme, globex) = (
-        s.keys.jwt("orders", "acme", &["initiator"]),
-        s.keys.jwt("orders", "globex", &["initiator"]),
-    );
+    let (acme, globex) = two_tenants(&s);
     let begin = |xid: &str| json!({"xid": xid, "timeoutMs": 60000});
     let url = &s.coordinator.url;
     let refused = third_begin_refused(db, &s, &acme, "q").await;
@@ -602,10 +605,7 @@ async fn a_tenant_with_its_limit_in_flight_begins_no_more<DB: TestBackend>(
 ) {
     let extra = ["--quota-transactions-in-flight", "2"].map(String::from);
     let s = setup(db, &extra).await;
-    let (acme, globex) = (
-        s.keys.jwt("orders", "acme", &["initiator"]),
-        s.keys.jwt("orders", "globex", &["initiator"]),
-    );
+    let (acme, globex) = two_tenants(&s);
     let begin = |xid: &str| json!({"xid": xid, "timeoutMs": 60000});
     let url = &s.coordinator.url;
     let refused = third_begin_refused(db, &s, &acme, "f").await;
@@ -673,10 +673,7 @@ async fn a_tenant_past_its_payload_bytes_is_refused_unstored<DB: TestBackend>(
         );
         request
     };
-    let (acme, globex) = (
-        s.keys.jwt("orders", "acme", &["initiator"]),
-        s.keys.jwt("orders", "globex", &["initiator"]),
-    );
+    let (acme, globex) = two_tenants(&s);
     client.submit_saga(submit(&acme, "p-1", 800)).await.unwrap();
     let refused = client
         .submit_saga(submit(&acme, "p-2", 300))

@@ -496,7 +496,10 @@ async fn over_new_key_limit<DB: Backend, B: From<Bytes>>(
     key: &Key,
 ) -> Option<Response<B>> {
     let new_keys = config.new_keys.as_ref()?;
-    if !matches!(config.store.record(key).await, Ok(None)) {
+    // Detached like every conversation of the layer: the client may go away mid-read.
+    let (store, owned) = (config.store.clone(), key.clone());
+    let known = dtx_sql::detached(async move { store.record(&owned).await }).await;
+    if !matches!(known, Ok(None)) {
         return None;
     }
     let not_until = new_keys

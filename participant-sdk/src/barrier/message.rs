@@ -36,17 +36,27 @@ fn slot(xid: &str) -> RowKey<'_> {
     RowKey::slot(xid, MESSAGE_BRANCH, Slot::Message)
 }
 
+/// Inserts the message's slot as written by `by` (the local transaction or the check-back);
+/// true if this call took it, false if it was taken before.
+async fn take_slot<C: Conn>(conn: &mut C, xid: &str, by: Action) -> Result<bool, Error> {
+    limits::check_scoped_xid(xid)?;
+    let outcome = match by {
+        Action::Message => Outcome::Success,
+        _ => Outcome::Empty,
+    };
+    let row = NewRow {
+        key: slot(xid),
+        written_by: by,
+        outcome,
+        request_hash: None,
+    };
+    sql::insert(conn, row).await
+}
+
 /// Inside the initiator's local transaction: takes the message's slot. [`Error::MessageDropped`]
 /// if a check-back took it first - the message is dropped and the transaction must roll back.
 pub async fn prepare_message<C: Conn>(conn: &mut C, xid: &str) -> Result<Prepared, Error> {
-    limits::check_scoped_xid(xid)?;
-    let row = NewRow {
-        key: slot(xid),
-        written_by: Action::Message,
-        outcome: Outcome::Success,
-        request_hash: None,
-    };
-    if sql::insert(conn, row).await? {
+    if take_slot(conn, xid, Action::Message).await? {
         return Ok(Prepared::Fresh);
     }
     match holder(conn, xid).await? {
@@ -61,19 +71,12 @@ pub async fn prepare_message<C: Conn>(conn: &mut C, xid: &str) -> Result<Prepare
 /// if the message's local transaction committed (deliver); otherwise takes the slot so it never
 /// can, and answers FAILURE (drop).
 pub async fn check_back<C: Conn>(conn: &mut C, xid: &str) -> Result<Answer, Error> {
-    limits::check_scoped_xid(xid)?;
-    let row = NewRow {
-        key: slot(xid),
-        written_by: Action::CheckBack,
-        outcome: Outcome::Empty,
-        request_hash: None,
-    };
     let dropped = || {
         Reply::refuse(format!(
             "message {xid}: its local transaction did not commit"
         ))
     };
-    if sql::insert(conn, row).await? {
+    if take_slot(conn, xid, Action::CheckBack).await? {
         return Ok(Answer::new(dropped(), Detail::EmptyRollback));
     }
     Ok(match holder(conn, xid).await? {
