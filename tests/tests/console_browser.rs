@@ -2,6 +2,8 @@
 //! queue, opens it, resumes it with a reason, and sees it finish and the action in the
 //! timeline; text from participants and operators containing HTML is shown as text.
 
+use std::time::Duration;
+
 use dtx_sdk::client::{TccBranch, TccOptions};
 use dtx_tests::browser::Browser;
 use dtx_tests::db::{TestBackend, TestDb, with_db};
@@ -20,7 +22,17 @@ async fn world_with_console<DB: TestBackend>(db: &'static TestDb<DB>) -> (World<
 /// Types `fields` into the inputs of the form `#form` and submits it.
 async fn submit(browser: &Browser, form: &str, fields: &[(&str, &str)]) {
     let b = &browser.client;
-    let form = b.find(Locator::Css(&format!("form#{form}"))).await.unwrap();
+    // Waited for like every other element the tests read (see `Browser::text`); the page says
+    // why when it never comes.
+    let css = format!("form#{form}");
+    let waited = b.wait().at_most(Duration::from_secs(10));
+    let form = match waited.for_element(Locator::Css(&css)).await {
+        Ok(form) => form,
+        Err(e) => {
+            let page = b.source().await.unwrap_or_default();
+            panic!("{css}: {e}; the page: {}", &page[..page.len().min(4000)]);
+        }
+    };
     for (field, value) in fields {
         let input = form
             .find(Locator::Css(&format!("input[name={field}]")))
