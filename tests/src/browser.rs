@@ -97,6 +97,29 @@ impl Browser {
             .unwrap()
     }
 
+    /// Clicks `element` (a link or a form's button) and waits until the page it leads to has
+    /// loaded: the click returns while the navigation is still under way, and a `goto` right
+    /// after it could be overtaken by the page the click asked for.
+    pub async fn click_and_load(&self, element: fantoccini::elements::Element) {
+        let b = &self.client;
+        b.execute("window.dtxLeaving = true; return true", vec![])
+            .await
+            .unwrap();
+        element.click().await.unwrap();
+        let loaded = "return window.dtxLeaving === undefined && document.readyState === 'complete'";
+        for _ in 0..200 {
+            if b.execute(loaded, vec![]).await.ok() == Some(serde_json::Value::Bool(true)) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let page = b.source().await.unwrap_or_default();
+        panic!(
+            "the click led to no new page within 10 s: {}",
+            &page[..page.len().min(4000)]
+        );
+    }
+
     /// Reloads `url` until the text of `css` contains `needle` (twenty seconds at most).
     pub async fn until_text(&self, url: &str, css: &str, needle: &str) -> String {
         let mut last = String::new();

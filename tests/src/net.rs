@@ -170,12 +170,24 @@ where
     }
 }
 
-/// A free loopback address (bound and released; the caller binds it right after).
+/// A free loopback address for a server the caller starts right after. Taken below the
+/// kernel's ephemeral range: a port handed out for `:0` and released would be the next one
+/// another `:0` listener or an outgoing connection of this process gets (a coordinator's own
+/// gRPC listener took its `--admin-listen` port that way), where a port outside the range is
+/// only ever taken by name.
 pub async fn free_addr() -> std::net::SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    listener.local_addr().unwrap()
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let low = 10_000.min(ephemeral_low / 2);
+    for _ in 0..1000 {
+        let port = rand::random_range(low..ephemeral_low);
+        if let Ok(listener) = tokio::net::TcpListener::bind(("127.0.0.1", port)).await {
+            return listener.local_addr().unwrap();
+        }
+    }
+    panic!("no free port in {low}..{ephemeral_low}");
 }
 
 /// A `dtx.v1.Participant` served the way a service without gRPC would: `POST /dtx/branch`

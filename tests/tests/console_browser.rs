@@ -40,12 +40,8 @@ async fn submit(browser: &Browser, form: &str, fields: &[(&str, &str)]) {
             .unwrap();
         input.send_keys(value).await.unwrap();
     }
-    form.find(Locator::Css("button"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    let button = form.find(Locator::Css("button")).await.unwrap();
+    browser.click_and_load(button).await;
 }
 
 /// Fills `reason` (and `operator`) into the action form `#form`, submits it, checks the
@@ -54,12 +50,9 @@ async fn act_through_the_form(browser: &Browser, form: &str, reason: &str, opera
     let b = &browser.client;
     submit(browser, form, &[("reason", reason), ("operator", operator)]).await;
     assert_eq!(browser.text("#reason").await, reason);
-    b.find(Locator::Css("#do"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    browser
+        .click_and_load(b.find(Locator::Css("#do")).await.unwrap())
+        .await;
 }
 
 async fn an_operator_resumes_a_parked_transaction_from_the_queue<DB: TestBackend>(
@@ -107,12 +100,8 @@ async fn an_operator_resumes_a_parked_transaction_from_the_queue<DB: TestBackend
     b.goto(&format!("{console}/transactions")).await.unwrap();
     browser.screenshot("console-list").await;
     b.goto(&console).await.unwrap();
-    b.find(Locator::Css("#transactions a.xid"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    let link = b.find(Locator::Css("#transactions a.xid")).await.unwrap();
+    browser.click_and_load(link).await;
     assert_eq!(browser.text("#xid").await, "order-42");
     let branches = browser.text("#branches").await;
     assert!(
