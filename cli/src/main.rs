@@ -118,8 +118,8 @@ struct ListArgs {
     /// Only these statuses (repeatable), e.g. `--status needs_attention --status committing`.
     #[arg(long = "status", value_parser = parse_status)]
     statuses: Vec<wire::TxStatus>,
-    /// Only `tcc` or `saga` transactions.
-    #[arg(long, value_parser = ["tcc", "saga"])]
+    /// Only `tcc`, `saga` or `message` transactions.
+    #[arg(long, value_parser = ["tcc", "saga", "message"])]
     kind: Option<String>,
     /// Only xids starting with this.
     #[arg(long)]
@@ -341,6 +341,7 @@ async fn run(cli: Cli) -> Result<String, Failure> {
                 kind: match args.kind.as_deref() {
                     Some("tcc") => wire::TxKind::Tcc as i32,
                     Some("saga") => wire::TxKind::Saga as i32,
+                    Some("message") => wire::TxKind::Message as i32,
                     _ => wire::TxKind::Unspecified as i32,
                 },
                 xid_prefix: args.prefix.unwrap_or_default(),

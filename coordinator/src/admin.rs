@@ -211,6 +211,7 @@ fn list_query(req: wire::ListTransactionsRequest, now_ms: i64) -> Result<ListQue
         Ok(wire::TxKind::Unspecified) => None,
         Ok(wire::TxKind::Tcc) => Some(Kind::Tcc),
         Ok(wire::TxKind::Saga) => Some(Kind::Saga),
+        Ok(wire::TxKind::Message) => Some(Kind::Message),
         Err(_) => return Err(Status::invalid_argument("kind is not a TxKind")),
     };
     let xid_prefix = match req.xid_prefix.as_str() {

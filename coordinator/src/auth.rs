@@ -63,6 +63,9 @@ pub const RPC_ROLES: &[(&str, &[Role])] = &[
     ("dtx.v1.Coordinator/Get", &[Initiator, Reader, Operator]),
     ("dtx.v1.Coordinator/Wait", &[Initiator]),
     ("dtx.v1.Coordinator/Resume", &[Operator]),
+    ("dtx.v1.Coordinator/PrepareMessage", &[Initiator]),
+    ("dtx.v1.Coordinator/SubmitMessage", &[Initiator]),
+    ("dtx.v1.Coordinator/AbortMessage", &[Initiator]),
     ("dtx.v1.Admin/ListTransactions", &[Reader, Operator]),
     ("dtx.v1.Admin/DescribeTransaction", &[Reader, Operator]),
     ("dtx.v1.Admin/Stats", &[Reader, Operator]),
@@ -475,7 +478,7 @@ mod tests {
                 }
             }
         }
-        assert_eq!(rpcs.len(), 14, "{rpcs:?}");
+        assert_eq!(rpcs.len(), 17, "{rpcs:?}");
         for rpc in &rpcs {
             assert!(!roles_for(rpc).is_empty(), "{rpc} is not in RPC_ROLES");
         }

@@ -42,6 +42,12 @@ pub struct Config {
     #[arg(long, env = "DTX_HANDOFF_MS", default_value_t = millis(EngineConfig::default().handoff_after))]
     pub handoff_ms: u64,
 
+    /// How long after PrepareMessage a message neither submitted nor aborted is checked back
+    /// (its initiator's service asked whether the local transaction committed), unless the
+    /// message sets its own.
+    #[arg(long, env = "DTX_CHECK_BACK_AFTER_MS", default_value_t = millis(EngineConfig::default().check_back_after))]
+    pub check_back_after_ms: u64,
+
     /// Finished transactions are deleted this many hours after they finished; 0 keeps them.
     #[arg(long, env = "DTX_RETENTION_HOURS", default_value_t = EngineConfig::default().retention.map_or(0, |r| r.as_secs() / 3600))]
     pub retention_hours: u64,
@@ -279,6 +285,7 @@ impl Config {
             lease: Duration::from_millis(self.lease_ms.max(100)),
             poll_interval: Duration::from_millis(self.poll_ms.max(10)),
             handoff_after: Duration::from_millis(self.handoff_ms),
+            check_back_after: Duration::from_millis(self.check_back_after_ms.max(1)),
             retention: (self.retention_hours > 0)
                 .then(|| Duration::from_secs(self.retention_hours * 3600)),
             max_clock_skew: Duration::from_millis(self.max_clock_skew_ms),

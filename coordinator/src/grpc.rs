@@ -85,6 +85,31 @@ impl CoordinatorService {
     }
 }
 
+impl CoordinatorService {
+    /// SubmitMessage (`Commit`) or AbortMessage (`Rollback`).
+    async fn decide_message(
+        &self,
+        caller: Caller,
+        req: wire::DecideRequest,
+        decision: Decision,
+    ) -> Result<Response<wire::DecideResponse>, Status> {
+        let span = tracing::info_span!("decide_message", xid = %req.xid, %decision);
+        async move {
+            let key = caller.scope(&req.xid)?;
+            let wait = wait_for(req.wait, req.wait_timeout_ms)?;
+            let status = (self.engine)
+                .decide(key, Kind::Message, decision, wait)
+                .await?;
+            Ok(Response::new(wire::DecideResponse {
+                xid: req.xid,
+                status: wire_status(status) as i32,
+            }))
+        }
+        .instrument(span)
+        .await
+    }
+}
+
 /// The xid as its caller knows it (without its tenant's scope).
 pub fn caller_xid(key: &str) -> String {
     limits::unscoped(key).1.to_string()
@@ -127,6 +152,7 @@ pub fn wire_status(status: TxStatus) -> wire::TxStatus {
         TxStatus::Compensating => wire::TxStatus::Compensating,
         TxStatus::Compensated => wire::TxStatus::Compensated,
         TxStatus::NeedsAttention => wire::TxStatus::NeedsAttention,
+        TxStatus::Prepared => wire::TxStatus::Prepared,
     }
 }
 
@@ -148,13 +174,14 @@ pub fn wire_kind(kind: Kind) -> wire::TxKind {
     match kind {
         Kind::Tcc => wire::TxKind::Tcc,
         Kind::Saga => wire::TxKind::Saga,
+        Kind::Message => wire::TxKind::Message,
     }
 }
 
-/// The wire form of a transaction, with saga dependencies from its definition.
+/// The wire form of a transaction, with saga and message dependencies from its definition.
 pub fn wire_transaction(record: TxRecord) -> wire::Transaction {
     let g = record.global;
-    let deps = saga_dependencies(g.spec.as_deref());
+    let deps = dependencies(g.kind, g.spec.as_deref());
     wire::Transaction {
         branches: record
             .branches
@@ -184,16 +211,30 @@ pub fn wire_transaction(record: TxRecord) -> wire::Transaction {
     }
 }
 
-fn saga_dependencies(spec: Option<&[u8]>) -> std::collections::HashMap<String, Vec<String>> {
+fn dependencies(kind: Kind, spec: Option<&[u8]>) -> std::collections::HashMap<String, Vec<String>> {
     use prost::Message;
-    spec.and_then(|s| wire::SubmitSagaRequest::decode(s).ok())
-        .map(|req| {
-            req.steps
-                .into_iter()
-                .map(|s| (s.name, s.depends_on))
-                .collect()
-        })
-        .unwrap_or_default()
+    let Some(spec) = spec else {
+        return Default::default();
+    };
+    match kind {
+        Kind::Tcc => Default::default(),
+        Kind::Saga => wire::SubmitSagaRequest::decode(spec)
+            .map(|req| {
+                req.steps
+                    .into_iter()
+                    .map(|s| (s.name, s.depends_on))
+                    .collect()
+            })
+            .unwrap_or_default(),
+        Kind::Message => wire::PrepareMessageRequest::decode(spec)
+            .map(|req| {
+                req.branches
+                    .into_iter()
+                    .map(|b| (b.name, b.depends_on))
+                    .collect()
+            })
+            .unwrap_or_default(),
+    }
 }
 
 fn wait_for(wait: bool, millis: u64) -> Result<Option<Duration>, Status> {
@@ -303,7 +344,9 @@ impl Coordinator for CoordinatorService {
         traced!("commit", req.xid, {
             let key = caller.scope(&req.xid)?;
             let wait = wait_for(req.wait, req.wait_timeout_ms)?;
-            let status = self.engine.decide(key, Decision::Commit, wait).await?;
+            let status = (self.engine)
+                .decide(key, Kind::Tcc, Decision::Commit, wait)
+                .await?;
             Ok(Response::new(wire::DecideResponse {
                 xid: req.xid,
                 status: wire_status(status) as i32,
@@ -320,7 +363,9 @@ impl Coordinator for CoordinatorService {
         traced!("rollback", req.xid, {
             let key = caller.scope(&req.xid)?;
             let wait = wait_for(req.wait, req.wait_timeout_ms)?;
-            let status = self.engine.decide(key, Decision::Rollback, wait).await?;
+            let status = (self.engine)
+                .decide(key, Kind::Tcc, Decision::Rollback, wait)
+                .await?;
             Ok(Response::new(wire::DecideResponse {
                 xid: req.xid,
                 status: wire_status(status) as i32,
@@ -364,6 +409,45 @@ impl Coordinator for CoordinatorService {
                 transaction,
             }))
         })
+    }
+
+    async fn prepare_message(
+        &self,
+        request: Request<wire::PrepareMessageRequest>,
+    ) -> Result<Response<wire::PrepareMessageResponse>, Status> {
+        let caller = self.caller(&request, "PrepareMessage")?;
+        let mut req = with_caller_trace(request, |r| &mut r.headers);
+        traced!("prepare_message", req.xid, {
+            let (xid, key) = caller.scope_or_new(std::mem::take(&mut req.xid))?;
+            req.xid = key.clone();
+            let payload: usize = req.branches.iter().map(|b| b.payload.len()).sum();
+            self.charge(&caller, true, payload).await?;
+            let row = self.engine.prepare_message(req).await?;
+            Ok(Response::new(wire::PrepareMessageResponse {
+                xid,
+                status: wire_status(row.status) as i32,
+                branch_xid: key,
+                check_back_unix_ms: row.deadline_ms,
+            }))
+        })
+    }
+
+    async fn submit_message(
+        &self,
+        request: Request<wire::DecideRequest>,
+    ) -> Result<Response<wire::DecideResponse>, Status> {
+        let caller = self.caller(&request, "SubmitMessage")?;
+        self.decide_message(caller, request.into_inner(), Decision::Commit)
+            .await
+    }
+
+    async fn abort_message(
+        &self,
+        request: Request<wire::DecideRequest>,
+    ) -> Result<Response<wire::DecideResponse>, Status> {
+        let caller = self.caller(&request, "AbortMessage")?;
+        self.decide_message(caller, request.into_inner(), Decision::Rollback)
+            .await
     }
 
     async fn get(

@@ -65,6 +65,9 @@ service_routes!(coordinator_routes, COORDINATOR_METHODS, CoordinatorService, "dt
     "Get" => get,
     "Wait" => wait,
     "Resume" => resume,
+    "PrepareMessage" => prepare_message,
+    "SubmitMessage" => submit_message,
+    "AbortMessage" => abort_message,
 });
 
 service_routes!(admin_routes, ADMIN_METHODS, AdminService, "dtx.v1.Admin", {

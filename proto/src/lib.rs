@@ -23,6 +23,10 @@ pub mod present;
 pub mod tls;
 pub mod trace;
 
+/// The branch id of a two-phase message's check-back calls, and of its slot in the
+/// initiator's barrier table (one per message xid).
+pub const MESSAGE_BRANCH: &str = "msg";
+
 /// Generated code of package `dtx.v1`.
 pub mod v1 {
     #![allow(clippy::all, missing_docs)]

@@ -449,6 +449,9 @@ fn ledger_handler<C: dtx_sql::Conn + 'static>(
     }
 }
 
+/// The handler answering the check-backs of the messages the bank's orders send.
+pub const ORDERS_CHECK_BACK: &str = "orders.check_back";
+
 /// The bank participant: the ledger handlers behind the barrier, wrapped with fault injection.
 pub struct Bank<DB: Backend> {
     inner: Arc<ParticipantServer<DB>>,
@@ -498,7 +501,9 @@ impl<DB: Backend> Bank<DB> {
                 "credit",
                 ledger_handler(handler_faults.clone()),
                 ledger_handler(handler_faults.clone()),
-            );
+            )
+            // The bank also initiates two-phase messages (its orders, see the message tests).
+            .message_check_back(ORDERS_CHECK_BACK);
         Bank {
             inner: Arc::new(inner),
             faults,

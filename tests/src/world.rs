@@ -61,6 +61,28 @@ impl<DB: TestBackend> World<DB> {
     pub async fn effects(&self, xid: &str, branch: &str, kind: &str) -> i64 {
         ledger::effects(&self.db.pool, xid, branch, kind).await
     }
+
+    /// The transaction's history as the Admin API describes it: one event per line, its kind,
+    /// branch, status and detail.
+    pub async fn history(&self, xid: &str) -> String {
+        use dtx_proto::v1::DescribeTransactionRequest;
+        use dtx_proto::v1::admin_client::AdminClient;
+        let mut admin = AdminClient::connect(self.coordinator.url.clone())
+            .await
+            .unwrap();
+        let request = DescribeTransactionRequest { xid: xid.into() };
+        let detail = admin.describe_transaction(request).await.unwrap();
+        let lines: Vec<String> = detail
+            .into_inner()
+            .history
+            .iter()
+            .map(|e| {
+                let kind = e.kind().as_str_name().trim_start_matches("HISTORY_KIND_");
+                format!("{kind} {} {} {}", e.branch_id, e.status, e.detail)
+            })
+            .collect();
+        lines.join("\n")
+    }
 }
 
 /// The accounts `alice`, `bob` and `carol` (at [`START`]) and the bank on a real gRPC port,

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use dtx_coordinator::domain::alert::{Alert, AlertKind};
 use dtx_coordinator::domain::history::{Entry, Event};
-use dtx_coordinator::domain::{BranchRow, BranchState, Decision, TxStatus};
+use dtx_coordinator::domain::{BranchRow, BranchState, Decision, Kind, TxStatus};
 use dtx_coordinator::store::{
     BeginTcc, Created, Decide, Decided, Delivery, Progress, Progressed, RegisterBranch, Registered,
     SqlStore, Store, StoreOptions,
@@ -58,6 +58,7 @@ fn register(xid: &str, id: &str, max: i64) -> RegisterBranch {
 fn decide(xid: &str, decision: Decision, fence: i64) -> Decide {
     Decide {
         xid: xid.into(),
+        kind: Kind::Tcc,
         decision,
         owner: "me".into(),
         fence,

@@ -191,10 +191,15 @@ pub fn transactions(filters: &Filters, listed: &wire::ListTransactionsResponse) 
     for name in crate::domain::TxStatus::SPELLINGS {
         statuses.push_str(&option(name, &filters.status, name));
     }
-    let kinds = [("", "any kind"), ("tcc", "tcc"), ("saga", "saga")]
-        .iter()
-        .map(|(v, l)| option(v, &filters.kind, l))
-        .collect::<String>();
+    let kinds = [
+        ("", "any kind"),
+        ("tcc", "tcc"),
+        ("saga", "saga"),
+        ("message", "message"),
+    ]
+    .iter()
+    .map(|(v, l)| option(v, &filters.kind, l))
+    .collect::<String>();
     let next = (!listed.next_page_token.is_empty()).then(|| filters.href(&listed.next_page_token));
     let body = format!(
         "<h2>Transactions</h2><form id=filters method=get action=\"/transactions\">\

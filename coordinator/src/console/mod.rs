@@ -190,6 +190,7 @@ async fn transactions(
     let kind = match f.kind.as_str() {
         "tcc" => wire::TxKind::Tcc,
         "saga" => wire::TxKind::Saga,
+        "message" => wire::TxKind::Message,
         _ => wire::TxKind::Unspecified,
     };
     let request = wire::ListTransactionsRequest {

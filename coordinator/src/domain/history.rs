@@ -108,6 +108,7 @@ pub fn derived(record: &TxRecord, stored: Vec<Entry>) -> Vec<Entry> {
     let initial = match g.kind {
         Kind::Tcc => TxStatus::Trying,
         Kind::Saga => TxStatus::Running,
+        Kind::Message => TxStatus::Prepared,
     };
     let mut all = vec![Entry::tx(g.created_ms, Event::Created, Some(initial))];
     if g.kind == Kind::Tcc {

@@ -190,12 +190,20 @@ impl Job {
         self.steps.iter().map(|s| s.row.clone()).collect()
     }
 
-    /// Whether a step in `state` still needs this transaction's phase two.
+    /// Whether a step in `state` still needs this transaction's phase two (a dropped
+    /// message's branches never do: nothing was delivered).
     pub fn needs(&self) -> fn(BranchState) -> bool {
-        match self.kind {
-            Kind::Tcc => tcc_needs_settling,
-            Kind::Saga => saga_needs_compensation,
+        match (self.kind, self.phase) {
+            (Kind::Message, Phase::Settle(Decision::Rollback)) => |_| false,
+            (Kind::Tcc | Kind::Message, _) => tcc_needs_settling,
+            (Kind::Saga, _) => saga_needs_compensation,
         }
+    }
+
+    /// Deliveries go forward: a message's branch is called once its dependencies are done,
+    /// where every other phase two settles in reverse dependency order.
+    fn delivers(&self) -> bool {
+        self.kind == Kind::Message && self.phase == Phase::Settle(Decision::Commit)
     }
 
     /// Decides what to do at `now_ms`; a retry due `handoff_after_ms` or later is handed back
@@ -259,7 +267,7 @@ impl Job {
 
     /// Records a call's outcome at `now_ms`; `jitter` in [0, 1) spreads its backoff.
     pub fn record(&mut self, i: usize, outcome: CallOutcome, now_ms: i64, jitter: f64) {
-        let phase = self.phase;
+        let (phase, delivers) = (self.phase, self.delivers());
         let step = &mut self.steps[i];
         step.in_flight = false;
         let name = step.row.branch_id.clone();
@@ -296,6 +304,12 @@ impl Job {
                     step.next_at_ms = Some(retry_at(step));
                     None
                 }
+            }
+            (Phase::Settle(_), CallOutcome::Success(result)) if delivers => {
+                step.row.state = BranchState::Done;
+                step.row.result = Some(result);
+                step.row.last_error = None;
+                None
             }
             (Phase::Settle(decision), CallOutcome::Success(_)) => {
                 step.row.state = match decision {
@@ -367,6 +381,7 @@ impl Job {
         let in_flight: Vec<bool> = self.steps.iter().map(|s| s.in_flight).collect();
         match self.phase {
             Phase::Forward => self.graph.runnable(&states, &in_flight),
+            Phase::Settle(_) if self.delivers() => self.graph.runnable(&states, &in_flight),
             Phase::Settle(_) => self.graph.settleable(&states, &in_flight, self.needs()),
         }
     }
@@ -402,7 +417,8 @@ impl Job {
 }
 
 /// Resuming a parked transaction: back to its decided phase, with every STUCK step to be
-/// retried (a TCC branch from PENDING, a saga step from IN_DOUBT: its action may have run).
+/// retried (a TCC branch or message delivery from PENDING, a saga step from IN_DOUBT: its
+/// action may have run).
 pub fn resumed(record: &TxRecord) -> Result<(Phase, Vec<BranchRow>)> {
     let g = &record.global;
     let xid = &g.xid;
@@ -416,7 +432,7 @@ pub fn resumed(record: &TxRecord) -> Result<(Phase, Vec<BranchRow>)> {
         .decision
         .ok_or_else(|| Error::Corrupt(format!("parked transaction {xid:?} has no decision")))?;
     let retry_from = match g.kind {
-        Kind::Tcc => BranchState::Pending,
+        Kind::Tcc | Kind::Message => BranchState::Pending,
         Kind::Saga => BranchState::InDoubt,
     };
     let branches = record
@@ -542,7 +558,16 @@ mod tests {
                     prop_assert!(!started.is_empty());
                     for &i in &started {
                         prop_assert!(!in_flight.contains(&i), "step {i} started twice");
-                        if job.phase == Phase::Forward {
+                        if job.kind == Kind::Message {
+                            // Deliveries only move forward, behind their dependencies.
+                            prop_assert!(
+                                job.graph
+                                    .deps(i)
+                                    .iter()
+                                    .all(|&d| job.steps[d].row.state == BranchState::Done)
+                            );
+                            prop_assert_ne!(job.steps[i].row.state, BranchState::Done);
+                        } else if job.phase == Phase::Forward {
                             prop_assert!(!turned, "an action started after the turn");
                             prop_assert!(
                                 job.graph
@@ -624,6 +649,40 @@ mod tests {
                 }
                 other => prop_assert!(false, "ended with {other:?}: {states:?}"),
             }
+        }
+
+        #[test]
+        fn a_message_delivers_every_branch_in_dependency_order_or_parks(
+            deps in crate::domain::graph::dag(7),
+            answers in proptest::collection::vec(any::<u8>(), 1..40),
+            picks in proptest::collection::vec(any::<u8>(), 1..40),
+        ) {
+            let job = job(Kind::Message, &deps, Phase::Settle(Decision::Commit), None);
+            let (end, states) = simulate(job, &answers, &picks)?;
+            match end {
+                Next::Settle(TxStatus::Committed) => {
+                    prop_assert!(states.iter().all(|s| *s == BranchState::Done), "{states:?}")
+                }
+                Next::Park(_) => {
+                    prop_assert!(states.contains(&BranchState::Stuck), "{states:?}");
+                    // Nothing is ever undone; what was not delivered waits behind a refusal.
+                    for (i, s) in states.iter().enumerate() {
+                        if *s == BranchState::Pending {
+                            prop_assert!(deps[i].iter().any(|&d| states[d] != BranchState::Done), "{states:?}");
+                        }
+                    }
+                }
+                other => prop_assert!(false, "ended with {other:?}: {states:?}"),
+            }
+        }
+
+        #[test]
+        fn a_dropped_message_delivers_nothing(n in 1usize..6) {
+            let deps = vec![Vec::new(); n];
+            let job = job(Kind::Message, &deps, Phase::Settle(Decision::Rollback), None);
+            let (end, states) = simulate(job, &[], &[0])?;
+            prop_assert_eq!(end, Next::Settle(TxStatus::RolledBack));
+            prop_assert!(states.iter().all(|s| *s == BranchState::Pending));
         }
 
         #[test]

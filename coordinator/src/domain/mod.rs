@@ -8,6 +8,7 @@ pub mod backoff;
 pub mod graph;
 pub mod history;
 pub mod job;
+pub mod message;
 pub mod record;
 pub mod saga;
 pub mod status;

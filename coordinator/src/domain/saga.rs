@@ -73,94 +73,158 @@ impl SagaPlan {
     /// Validates a definition: limits, unique step names, known dependencies, no cycles.
     /// Nothing about the definition is stored unless this succeeds.
     pub fn from_request(req: &SubmitSagaRequest) -> Result<SagaPlan, LimitError> {
-        if req.steps.is_empty() {
-            return Err(LimitError("steps: a saga needs at least one step".into()));
-        }
-        limits::check_branch_count("steps", req.steps.len())?;
-        limits::check_headers("headers", &req.headers)?;
         let timeout = limits::timeout(
             "timeout_ms",
             req.timeout_ms,
             limits::DEFAULT_TX_TIMEOUT,
             limits::MAX_TX_TIMEOUT,
         )?;
-        let saga_policy = resolve_policy("retry", req.retry.as_ref())?;
-
-        let mut index: HashMap<&str, usize> = HashMap::new();
-        for (i, step) in req.steps.iter().enumerate() {
-            let field = format!("steps[{i}]");
-            limits::check_branch_id(&format!("{field}.name"), &step.name)?;
-            if index.insert(step.name.as_str(), i).is_some() {
-                return Err(LimitError(format!(
-                    "{field}.name {:?} is used by two steps",
-                    step.name
-                )));
-            }
-        }
-        let sequential = req.steps.iter().all(|s| s.depends_on.is_empty());
-        let mut steps = Vec::with_capacity(req.steps.len());
-        let mut graph = Graph::independent(req.steps.len());
-        for (i, step) in req.steps.iter().enumerate() {
-            let field = format!("steps[{i}]");
-            limits::check_target(&format!("{field}.target"), &step.target)?;
-            limits::check_handler(&format!("{field}.handler"), &step.handler)?;
-            limits::check_payload(&format!("{field}.action_payload"), &step.action_payload)?;
-            limits::check_payload(
-                &format!("{field}.compensate_payload"),
-                &step.compensate_payload,
-            )?;
-            limits::check_headers(&format!("{field}.headers"), &step.headers)?;
-            let retry = match &step.retry {
-                Some(own) => resolve_policy(&format!("{field}.retry"), Some(own))?,
-                None => saga_policy,
-            };
-            if sequential {
-                if i > 0 {
-                    graph.add_edge(i - 1, i);
-                }
-            } else {
-                for dep in &step.depends_on {
-                    let Some(&d) = index.get(dep.as_str()) else {
-                        return Err(LimitError(format!(
-                            "{field}.depends_on names {dep:?}, which is not a step of this saga"
-                        )));
-                    };
-                    if d == i {
-                        return Err(LimitError(format!("{field} depends on itself")));
-                    }
-                    graph.add_edge(d, i);
-                }
-            }
-            let mut headers = req.headers.clone();
-            headers.extend(step.headers.clone());
-            limits::check_headers(&format!("{field}.headers (with the saga's)"), &headers)?;
-            let compensate_payload = if step.compensate_payload.is_empty() {
-                step.action_payload.clone()
-            } else {
-                step.compensate_payload.clone()
-            };
-            steps.push(Step {
-                name: step.name.clone(),
-                target: step.target.clone(),
-                handler: step.handler.clone(),
-                action_payload: step.action_payload.clone(),
-                compensate_payload,
-                retry,
-                headers,
-            });
-        }
-        if let Some(cycle) = graph.find_cycle() {
-            let names: Vec<&str> = cycle.iter().map(|&i| steps[i].name.as_str()).collect();
-            return Err(LimitError(format!(
-                "steps: the dependencies form a cycle through {names:?}"
-            )));
-        }
+        let specs: Vec<StepSpec> = req
+            .steps
+            .iter()
+            .map(|s| StepSpec {
+                name: &s.name,
+                target: &s.target,
+                handler: &s.handler,
+                action_payload: &s.action_payload,
+                compensate_payload: &s.compensate_payload,
+                depends_on: &s.depends_on,
+                retry: s.retry.as_ref(),
+                headers: &s.headers,
+            })
+            .collect();
+        let policy = resolve_policy("retry", req.retry.as_ref())?;
+        let (steps, graph) = plan_steps(&SAGA, &specs, &req.headers, policy)?;
         Ok(SagaPlan {
             steps,
             graph,
             timeout,
         })
     }
+}
+
+/// A step as a definition states it: a saga's step or a message's branch.
+pub struct StepSpec<'a> {
+    pub name: &'a str,
+    pub target: &'a str,
+    pub handler: &'a str,
+    pub action_payload: &'a [u8],
+    pub compensate_payload: &'a [u8],
+    pub depends_on: &'a [String],
+    pub retry: Option<&'a WirePolicy>,
+    pub headers: &'a BTreeMap<String, String>,
+}
+
+/// How a kind of definition names its parts (in error messages) and orders steps that
+/// declare no dependencies at all.
+pub struct Definition {
+    /// The request's field holding the steps (also their plural in messages).
+    pub field: &'static str,
+    /// One step, and the whole.
+    pub step: &'static str,
+    pub whole: &'static str,
+    /// Without any `depends_on`: one after another in the order given (else all at once).
+    pub sequential_by_default: bool,
+}
+
+const SAGA: Definition = Definition {
+    field: "steps",
+    step: "step",
+    whole: "saga",
+    sequential_by_default: true,
+};
+
+/// Validates steps (limits, unique names, known dependencies, no cycles) and builds their
+/// graph; `policy` applies to steps without their own, `headers` are overlaid by each step's.
+pub fn plan_steps(
+    def: &Definition,
+    specs: &[StepSpec],
+    headers: &BTreeMap<String, String>,
+    policy: RetryPolicy,
+) -> Result<(Vec<Step>, Graph), LimitError> {
+    let Definition {
+        field: all,
+        step: noun,
+        whole,
+        ..
+    } = def;
+    if specs.is_empty() {
+        return Err(LimitError(format!(
+            "{all}: a {whole} needs at least one {noun}"
+        )));
+    }
+    limits::check_branch_count(all, specs.len())?;
+    limits::check_headers("headers", headers)?;
+    let mut index: HashMap<&str, usize> = HashMap::new();
+    for (i, spec) in specs.iter().enumerate() {
+        let field = format!("{all}[{i}]");
+        limits::check_branch_id(&format!("{field}.name"), spec.name)?;
+        if index.insert(spec.name, i).is_some() {
+            return Err(LimitError(format!(
+                "{field}.name {:?} is used by two {all}",
+                spec.name
+            )));
+        }
+    }
+    let sequential = def.sequential_by_default && specs.iter().all(|s| s.depends_on.is_empty());
+    let mut steps = Vec::with_capacity(specs.len());
+    let mut graph = Graph::independent(specs.len());
+    for (i, spec) in specs.iter().enumerate() {
+        let field = format!("{all}[{i}]");
+        limits::check_target(&format!("{field}.target"), spec.target)?;
+        limits::check_handler(&format!("{field}.handler"), spec.handler)?;
+        limits::check_payload(&format!("{field}.action_payload"), spec.action_payload)?;
+        limits::check_payload(
+            &format!("{field}.compensate_payload"),
+            spec.compensate_payload,
+        )?;
+        limits::check_headers(&format!("{field}.headers"), spec.headers)?;
+        let retry = match spec.retry {
+            Some(own) => resolve_policy(&format!("{field}.retry"), Some(own))?,
+            None => policy,
+        };
+        if sequential {
+            if i > 0 {
+                graph.add_edge(i - 1, i);
+            }
+        } else {
+            for dep in spec.depends_on {
+                let Some(&d) = index.get(dep.as_str()) else {
+                    return Err(LimitError(format!(
+                        "{field}.depends_on names {dep:?}, which is not a {noun} of this {whole}"
+                    )));
+                };
+                if d == i {
+                    return Err(LimitError(format!("{field} depends on itself")));
+                }
+                graph.add_edge(d, i);
+            }
+        }
+        let mut merged = headers.clone();
+        merged.extend(spec.headers.clone());
+        limits::check_headers(&format!("{field}.headers (with the {whole}'s)"), &merged)?;
+        let compensate_payload = if spec.compensate_payload.is_empty() {
+            spec.action_payload
+        } else {
+            spec.compensate_payload
+        };
+        steps.push(Step {
+            name: spec.name.to_string(),
+            target: spec.target.to_string(),
+            handler: spec.handler.to_string(),
+            action_payload: spec.action_payload.to_vec(),
+            compensate_payload: compensate_payload.to_vec(),
+            retry,
+            headers: merged,
+        });
+    }
+    if let Some(cycle) = graph.find_cycle() {
+        let names: Vec<&str> = cycle.iter().map(|&i| steps[i].name.as_str()).collect();
+        return Err(LimitError(format!(
+            "{all}: the dependencies form a cycle through {names:?}"
+        )));
+    }
+    Ok((steps, graph))
 }
 
 #[cfg(test)]

@@ -4,8 +4,8 @@
 use dtx_sql::db_enum;
 
 db_enum! {
-    /// TCC transaction or saga.
-    pub enum Kind { Tcc = "tcc", Saga = "saga" }
+    /// TCC transaction, saga or two-phase message.
+    pub enum Kind { Tcc = "tcc", Saga = "saga", Message = "msg" }
 }
 
 db_enum! {
@@ -21,6 +21,7 @@ db_enum! {
         Compensating = "COMPENSATING",
         Compensated = "COMPENSATED",
         NeedsAttention = "NEEDS_ATTENTION",
+        Prepared = "PREPARED",
     }
 }
 
@@ -72,7 +73,7 @@ impl TxStatus {
         }
         matches!(
             (self, to),
-            (Trying, Committing | RollingBack)
+            (Trying | Prepared, Committing | RollingBack)
                 | (Committing, Committed | NeedsAttention)
                 | (RollingBack, RolledBack | NeedsAttention)
                 | (Running, Succeeded | Compensating)
@@ -89,6 +90,7 @@ impl TxStatus {
             TxStatus::RollingBack | TxStatus::RolledBack => Some(Decision::Rollback),
             TxStatus::Compensating | TxStatus::Compensated => Some(Decision::Compensate),
             TxStatus::Trying
+            | TxStatus::Prepared
             | TxStatus::Running
             | TxStatus::Succeeded
             | TxStatus::NeedsAttention => None,
@@ -122,7 +124,7 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    const ALL: [TxStatus; 10] = [
+    const ALL: [TxStatus; 11] = [
         TxStatus::Trying,
         TxStatus::Committing,
         TxStatus::Committed,
@@ -133,6 +135,7 @@ mod tests {
         TxStatus::Compensating,
         TxStatus::Compensated,
         TxStatus::NeedsAttention,
+        TxStatus::Prepared,
     ];
 
     #[test]
@@ -198,7 +201,7 @@ mod tests {
     fn rank(s: TxStatus) -> u8 {
         if s.is_terminal() {
             2
-        } else if matches!(s, TxStatus::Trying | TxStatus::Running) {
+        } else if matches!(s, TxStatus::Trying | TxStatus::Prepared | TxStatus::Running) {
             0
         } else {
             1
@@ -245,7 +248,7 @@ mod tests {
     proptest! {
         #[test]
         fn no_sequence_of_writes_moves_a_transaction_backwards(
-            start in proptest::sample::select(vec![TxStatus::Trying, TxStatus::Running]),
+            start in proptest::sample::select(vec![TxStatus::Trying, TxStatus::Prepared, TxStatus::Running]),
             writes in attempts(),
         ) {
             let mut row = Row { status: start, decision: None, fence: 0 };
@@ -266,9 +269,10 @@ mod tests {
                 if let Some(d) = before.decision {
                     prop_assert_eq!(row.decision, Some(d), "decision changed");
                 }
-                // The kind of transaction never changes: TCC statuses stay TCC, sagas stay sagas.
+                // The kind of transaction never changes: TCC (and message) statuses stay TCC,
+                // sagas stay sagas.
                 let saga = |s: TxStatus| matches!(s, TxStatus::Running | TxStatus::Succeeded | TxStatus::Compensating | TxStatus::Compensated);
-                let tcc = |s: TxStatus| matches!(s, TxStatus::Trying | TxStatus::Committing | TxStatus::Committed | TxStatus::RollingBack | TxStatus::RolledBack);
+                let tcc = |s: TxStatus| matches!(s, TxStatus::Trying | TxStatus::Prepared | TxStatus::Committing | TxStatus::Committed | TxStatus::RollingBack | TxStatus::RolledBack);
                 let crossed = (saga(before.status) && tcc(row.status)) || (tcc(before.status) && saga(row.status));
                 prop_assert!(!crossed, "{:?} -> {:?}", before.status, row.status);
                 match row.status {

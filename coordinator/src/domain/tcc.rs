@@ -62,24 +62,42 @@ pub enum Undecided {
     Late,
 }
 
-/// Classifies a decision the store did not record against the transaction's row.
-pub fn unapplied_decision(decision: Decision, row: &GlobalRow) -> Result<Undecided> {
+/// Classifies a decision for a transaction of `kind` (TCC Commit/Rollback, message
+/// Submit/Abort) that the store did not record, against the transaction's row.
+pub fn unapplied_decision(kind: Kind, decision: Decision, row: &GlobalRow) -> Result<Undecided> {
     let xid = &row.xid;
-    if row.kind != Kind::Tcc {
-        return Err(Error::WrongState(format!(
-            "xid {xid:?} is a saga; Commit/Rollback are for TCC transactions"
-        )));
+    if row.kind != kind {
+        let calls = match kind {
+            Kind::Message => "SubmitMessage/AbortMessage are for messages",
+            _ => "Commit/Rollback are for TCC transactions",
+        };
+        let is = match row.kind {
+            Kind::Tcc => "a TCC transaction",
+            Kind::Saga => "a saga",
+            Kind::Message => "a message",
+        };
+        return Err(Error::WrongState(format!("xid {xid:?} is {is}; {calls}")));
     }
     match row.decision {
         Some(d) if d == decision => Ok(Undecided::Repeat(row.status)),
         Some(other) => Err(Error::Decided {
-            message: format!(
-                "transaction {xid:?} was already decided: {other} ({})",
-                row.status
-            ),
+            message: match kind {
+                Kind::Message if other == Decision::Rollback => {
+                    format!("message {xid:?} was dropped ({})", row.status)
+                }
+                Kind::Message => format!("message {xid:?} was submitted ({})", row.status),
+                _ => format!(
+                    "transaction {xid:?} was already decided: {other} ({})",
+                    row.status
+                ),
+            },
             status: row.status,
         }),
-        None => Ok(Undecided::Late),
+        None if kind == Kind::Tcc => Ok(Undecided::Late),
+        None => Err(Error::WrongState(format!(
+            "message {xid:?} is {}: try again",
+            row.status
+        ))),
     }
 }
 
@@ -146,18 +164,42 @@ mod tests {
     fn decisions_repeat_contradict_or_come_late() {
         let mut row = trying(0);
         assert_eq!(
-            unapplied_decision(Decision::Commit, &row).unwrap(),
+            unapplied_decision(Kind::Tcc, Decision::Commit, &row).unwrap(),
             Undecided::Late
         );
         row.decision = Some(Decision::Commit);
         row.status = TxStatus::Committed;
         assert_eq!(
-            unapplied_decision(Decision::Commit, &row).unwrap(),
+            unapplied_decision(Kind::Tcc, Decision::Commit, &row).unwrap(),
             Undecided::Repeat(TxStatus::Committed)
         );
         assert!(matches!(
-            unapplied_decision(Decision::Rollback, &row),
+            unapplied_decision(Kind::Tcc, Decision::Rollback, &row),
             Err(Error::Decided { .. })
         ));
+        let e = unapplied_decision(Kind::Message, Decision::Commit, &row).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("is a TCC transaction; SubmitMessage"),
+            "{e}"
+        );
+        let dropped = GlobalRow {
+            kind: Kind::Message,
+            status: TxStatus::RolledBack,
+            decision: Some(Decision::Rollback),
+            ..row
+        };
+        let e = unapplied_decision(Kind::Message, Decision::Commit, &dropped).unwrap_err();
+        assert!(
+            matches!(
+                &e,
+                Error::Decided {
+                    status: TxStatus::RolledBack,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(e.to_string().contains("was dropped"), "{e}");
     }
 }

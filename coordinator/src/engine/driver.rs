@@ -26,13 +26,15 @@ use super::{Active, Inner};
 use crate::domain::alert;
 use crate::domain::history::{Entry, Event};
 use crate::domain::job::{CallOutcome, Job, Next, Phase};
-use crate::domain::{Decision, TxStatus};
+use crate::domain::{Decision, Kind, TxStatus};
 use crate::store::{Progress, Progressed};
 
-/// What a participant is asked to do in `phase`.
-fn action(phase: Phase) -> BranchAction {
+/// What a participant is asked to do in `phase` of a transaction of `kind`.
+fn action(kind: Kind, phase: Phase) -> BranchAction {
     match phase {
+        // A message's delivery is an action that is never compensated.
         Phase::Forward => BranchAction::Action,
+        Phase::Settle(Decision::Commit) if kind == Kind::Message => BranchAction::Action,
         Phase::Settle(Decision::Commit) => BranchAction::Confirm,
         Phase::Settle(Decision::Rollback) => BranchAction::Cancel,
         Phase::Settle(Decision::Compensate) => BranchAction::Compensate,
@@ -40,8 +42,8 @@ fn action(phase: Phase) -> BranchAction {
 }
 
 /// The `action` label of the call metrics: `CONFIRM`, `CANCEL`, `ACTION`, `COMPENSATE`.
-fn action_label(phase: Phase) -> &'static str {
-    action(phase)
+fn action_label(kind: Kind, phase: Phase) -> &'static str {
+    action(kind, phase)
         .as_str_name()
         .trim_start_matches("BRANCH_ACTION_")
 }
@@ -57,7 +59,7 @@ fn call(job: &Job, i: usize) -> Call {
         target: step.row.target.clone(),
         xid: job.xid.clone(),
         branch_id: step.row.branch_id.clone(),
-        action: action(job.phase),
+        action: action(job.kind, job.phase),
         handler: step.row.handler.clone(),
         payload: payload.clone(),
         headers: step.headers.clone(),
@@ -101,7 +103,8 @@ pub async fn drive(
         let until_ms = match job.next(inner.now_ms(), handoff_after_ms) {
             Next::Start(started) => {
                 for i in started {
-                    let (call, action) = (call(&job, i), action_label(job.phase));
+                    let action = action_label(job.kind, job.phase);
+                    let call = call(&job, i);
                     let inner = inner.clone();
                     calls.push(Box::pin(async move {
                         let (handler, started) = (call.handler.clone(), Instant::now());
@@ -140,7 +143,8 @@ pub async fn drive(
             Some((i, outcome)) = calls.next(), if !calls.is_empty() => {
                 job.record(i, outcome, inner.now_ms(), rand::random());
                 if job.steps[i].waiting() {
-                    inner.metrics.retried(&job.steps[i].row.handler, action_label(job.phase));
+                    let action = action_label(job.kind, job.phase);
+                    inner.metrics.retried(&job.steps[i].row.handler, action);
                 }
                 publish(&active, &job, None);
                 if let Some(alerts) = &inner.config.alerts {

@@ -17,7 +17,7 @@ use crate::domain::backoff::RetryPolicy;
 use crate::domain::graph::Graph;
 use crate::domain::job::{Job, Phase, StepRun};
 use crate::domain::saga::SagaPlan;
-use crate::domain::{BranchRow, GlobalRow, Kind, TxRecord};
+use crate::domain::{BranchRow, BranchState, Decision, GlobalRow, Kind, TxRecord};
 use crate::error::{Error, Result};
 
 impl Engine {
@@ -93,6 +93,38 @@ impl Engine {
                             s.headers.clone(),
                             s.retry,
                         )
+                    })
+                    .collect();
+                (plan.graph, steps)
+            }
+            Kind::Message => {
+                let plan = self.message_plan(g)?;
+                let recorded: HashMap<&str, &BranchRow> = record
+                    .branches
+                    .iter()
+                    .map(|b| (b.branch_id.as_str(), b))
+                    .collect();
+                // A dropped message's deliveries never happen.
+                let dropped = phase == Phase::Settle(Decision::Rollback);
+                let steps = plan
+                    .steps
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, s)| {
+                        let mut row = recorded
+                            .get(s.name.as_str())
+                            .map(|r| (*r).clone())
+                            .unwrap_or_else(|| BranchRow {
+                                branch_id: s.name.clone(),
+                                seq: i as i64,
+                                target: s.target.clone(),
+                                handler: s.handler.clone(),
+                                ..BranchRow::default()
+                            });
+                        if dropped {
+                            row.state = BranchState::Skipped;
+                        }
+                        StepRun::new(row, Vec::new(), s.action_payload, s.headers, s.retry)
                     })
                     .collect();
                 (plan.graph, steps)

@@ -70,8 +70,8 @@ pub struct Metrics {
     handlers: HandlerLabels,
     recorder: PrometheusRecorder,
     handle: PrometheusHandle,
-    started_tcc: Counter,
-    started_saga: Counter,
+    /// Per kind, in the order of [`Kind::ALL`].
+    started: Vec<Counter>,
     parked: Counter,
     clock_offset: Gauge,
 }
@@ -145,16 +145,17 @@ impl Metrics {
             .expect("bucket bounds are not empty")
             .build_recorder();
         let handle = recorder.handle();
-        let (started_tcc, started_saga, parked, clock_offset) =
-            with_local_recorder(&recorder, || {
-                describe();
-                (
-                    counter!("dtx_transactions_started_total", "kind" => "tcc"),
-                    counter!("dtx_transactions_started_total", "kind" => "saga"),
-                    counter!("dtx_needs_attention_total"),
-                    gauge!("dtx_clock_offset_ms"),
-                )
-            });
+        let (started, parked, clock_offset) = with_local_recorder(&recorder, || {
+            describe();
+            (
+                Kind::ALL
+                    .iter()
+                    .map(|k| counter!("dtx_transactions_started_total", "kind" => k.as_str()))
+                    .collect(),
+                counter!("dtx_needs_attention_total"),
+                gauge!("dtx_clock_offset_ms"),
+            )
+        });
         Metrics {
             handlers: HandlerLabels {
                 max: max_handlers,
@@ -162,8 +163,7 @@ impl Metrics {
             },
             recorder,
             handle,
-            started_tcc,
-            started_saga,
+            started,
             parked,
             clock_offset,
         }
@@ -261,11 +261,8 @@ impl Metrics {
     }
 
     pub(super) fn started(&self, kind: Kind) {
-        match kind {
-            Kind::Tcc => &self.started_tcc,
-            Kind::Saga => &self.started_saga,
-        }
-        .increment(1);
+        let i = Kind::ALL.iter().position(|k| *k == kind).unwrap_or(0);
+        self.started[i].increment(1);
     }
 
     /// A transaction reached `status` (terminal or parked) `age` after its creation.

@@ -12,6 +12,7 @@ mod alerts;
 mod driver;
 mod http_client;
 mod jobs;
+mod message;
 mod metrics;
 mod operator;
 mod participants;
@@ -54,6 +55,9 @@ pub struct EngineConfig {
     pub claim_batch: i64,
     /// A retry due later than this is handed back to the store instead of waiting in memory.
     pub handoff_after: Duration,
+    /// A prepared message is checked back this long after PrepareMessage unless it sets its
+    /// own delay.
+    pub check_back_after: Duration,
     /// Finished transactions are deleted this long after they finished (`None`: kept).
     pub retention: Option<Duration>,
     /// How often the database's clock is sampled again.
@@ -83,6 +87,7 @@ impl Default for EngineConfig {
             poll_interval: Duration::from_secs(1),
             claim_batch: 64,
             handoff_after: Duration::from_secs(30),
+            check_back_after: Duration::from_secs(10),
             retention: Some(Duration::from_secs(7 * 24 * 3600)),
             clock_sync: Duration::from_secs(5),
             max_clock_skew: Duration::from_secs(1),

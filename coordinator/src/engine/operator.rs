@@ -107,11 +107,17 @@ impl Engine {
         match (g.kind, g.status) {
             (Kind::Tcc, TxStatus::Trying) => {
                 let entry = by.entry(now, "force rollback", Some(TxStatus::RollingBack));
-                self.decide_with(xid.to_string(), Decision::Rollback, entry)
+                self.decide_with(xid.to_string(), Kind::Tcc, Decision::Rollback, entry)
                     .await?;
                 Ok(Acted::Applied)
             }
             (Kind::Saga, TxStatus::Running) => self.compensate_running(record, by).await,
+            // Dropping it could contradict a local commit: the both-or-neither promise is the
+            // check-back's to keep.
+            (Kind::Message, TxStatus::Prepared) => Err(Error::WrongState(format!(
+                "message {xid:?} is PREPARED: only its check-back can tell whether its local \
+                 transaction committed (RetryNow checks back now)"
+            ))),
             (_, TxStatus::RollingBack | TxStatus::RolledBack)
             | (_, TxStatus::Compensating | TxStatus::Compensated) => Ok(Acted::AlreadyDone),
             (_, TxStatus::NeedsAttention) => Err(Error::WrongState(format!(

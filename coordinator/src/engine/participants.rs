@@ -149,10 +149,10 @@ impl Participants {
         };
         let trace = TraceParent::of_headers(&request.headers).map(|t| attempt_span(&span, t));
         // The target as it resolves now (DNS rebinding): outside the rules, the call is not
-        // made and counts as refused (a Confirm parks with the reason).
+        // made (a Confirm parks with the reason; a check-back is asked again later).
         if let Err(refused) = self.check_resolved(&target).await {
             tracing::warn!(parent: &span, target = %target, "{refused}");
-            return CallOutcome::Failure(refused);
+            return CallOutcome::NotSent(refused);
         }
         let answer = async {
             let token = self.sign(&target, auth::Call::of(&request))?;

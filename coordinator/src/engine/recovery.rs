@@ -1,8 +1,8 @@
 //! Recovery: claims due work from the store and drives it; purges finished transactions.
 //!
-//! Due work is an undecided TCC transaction past its deadline (rolled back), a transaction
-//! whose driver's lease expired (its coordinator crashed or stalled), or a slow retry handed
-//! back to the store. Claims skip rows another instance has locked, so several coordinators on
+//! Due work is an undecided TCC transaction past its deadline (rolled back), a prepared
+//! message past its check-back time (checked back), a transaction whose driver's lease expired
+//! (its coordinator crashed or stalled), or a slow retry handed back to the store. Claims skip rows another instance has locked, so several coordinators on
 //! one PostgreSQL or MySQL/MariaDB share the work without driving a transaction twice at once.
 
 use std::time::Duration;
@@ -100,6 +100,12 @@ async fn take_over(engine: &Engine, mut record: TxRecord) -> Result<()> {
             Phase::Settle(Decision::Rollback)
         }
         (Kind::Saga, TxStatus::Running, _) => Phase::Forward,
+        (Kind::Message, TxStatus::Prepared, _) => {
+            // The call may take its whole timeout: not on recovery's loop.
+            let engine = engine.clone();
+            tokio::spawn(async move { engine.check_back(record).await });
+            return Ok(());
+        }
         (_, TxStatus::Committing | TxStatus::RollingBack | TxStatus::Compensating, Some(d)) => {
             Phase::Settle(d)
         }

@@ -68,34 +68,44 @@ impl Engine {
                 self.spawn(job, record.global);
                 Ok(global)
             }
-            Created::Exists(row) if row.kind == Kind::Saga && same_saga(&row.spec, &request) => {
+            Created::Exists(row)
+                if row.kind == Kind::Saga && same_definition(&row.spec, &request, untraced) =>
+            {
                 Ok(row)
             }
             Created::Exists(row) => Err(Error::Conflict(format!(
-                "xid {:?} is already used by a different {}",
+                "xid {:?} is already used by {}",
                 request.xid,
-                if row.kind == Kind::Saga {
-                    "saga definition"
-                } else {
-                    "TCC transaction"
+                match row.kind {
+                    Kind::Saga => "a different saga definition",
+                    Kind::Tcc => "a TCC transaction",
+                    Kind::Message => "a message",
                 }
             ))),
         }
     }
 }
 
-/// Whether a stored saga is `request` again. The trace context is not part of the definition:
-/// a repeat from another attempt of the caller carries another one.
-fn same_saga(stored: &Option<Vec<u8>>, request: &SubmitSagaRequest) -> bool {
-    let untraced = |mut r: SubmitSagaRequest| {
-        r.headers.remove(TRACEPARENT);
-        for step in &mut r.steps {
-            step.headers.remove(TRACEPARENT);
-        }
-        r
+/// Whether a stored definition is `request` again, compared without what `untraced` removes:
+/// the trace context, which a repeat from another attempt of the caller carries anew.
+pub(super) fn same_definition<M: Message + Default + PartialEq + Clone>(
+    stored: &Option<Vec<u8>>,
+    request: &M,
+    untraced: fn(&mut M),
+) -> bool {
+    let Some(mut stored) = stored.as_deref().and_then(|spec| M::decode(spec).ok()) else {
+        return false;
     };
-    let stored = stored
-        .as_deref()
-        .and_then(|spec| SubmitSagaRequest::decode(spec).ok());
-    stored.is_some_and(|stored| untraced(stored) == untraced(request.clone()))
+    let mut request = request.clone();
+    untraced(&mut stored);
+    untraced(&mut request);
+    stored == request
+}
+
+/// A saga definition without its trace context.
+fn untraced(request: &mut SubmitSagaRequest) {
+    request.headers.remove(TRACEPARENT);
+    for step in &mut request.steps {
+        step.headers.remove(TRACEPARENT);
+    }
 }

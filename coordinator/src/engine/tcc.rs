@@ -131,19 +131,25 @@ impl Engine {
         }
     }
 
-    /// Records Commit or Rollback and drives phase two. With `wait`, returns once the
-    /// transaction settled or the wait elapsed.
+    /// Records a TCC transaction's Commit or Rollback, or a message's Submit (`Commit`) or
+    /// Abort (`Rollback`), and drives phase two. With `wait`, returns once the transaction
+    /// settled or the wait elapsed.
     pub async fn decide(
         &self,
         xid: String,
+        kind: Kind,
         decision: Decision,
         wait: Option<Duration>,
     ) -> Result<TxStatus> {
         limits::check_scoped_xid(&xid)?;
-        let why = format!("{decision} asked by the initiator");
+        let why = match (kind, decision) {
+            (Kind::Message, Decision::Commit) => "submitted by the initiator".to_string(),
+            (Kind::Message, _) => "aborted by the initiator".to_string(),
+            _ => format!("{decision} asked by the initiator"),
+        };
         let status = Phase::Settle(decision).status();
         let entry = self.inner.decided(status, &why);
-        let status = self.decide_with(xid.clone(), decision, entry).await?;
+        let status = self.decide_with(xid.clone(), kind, decision, entry).await?;
         match wait {
             Some(wait) => Ok(self.wait(&xid, wait).await?.global.status),
             None => Ok(status),
@@ -155,6 +161,7 @@ impl Engine {
     pub(super) async fn decide_with(
         &self,
         xid: String,
+        kind: Kind,
         decision: Decision,
         entry: Entry,
     ) -> Result<TxStatus> {
@@ -168,6 +175,7 @@ impl Engine {
             .store
             .decide(Decide {
                 xid: xid.clone(),
+                kind,
                 decision,
                 owner: self.inner.config.instance.clone(),
                 fence,
@@ -190,12 +198,12 @@ impl Engine {
                 if let Ok(live) = self.get(&xid).await {
                     row.status = live.global.status;
                 }
-                match unapplied_decision(decision, &row)? {
+                match unapplied_decision(kind, decision, &row)? {
                     Undecided::Repeat(status) => status,
                     Undecided::Late => {
                         let why = "rollback: the deadline passed before Commit";
                         let entry = self.inner.decided(TxStatus::RollingBack, why);
-                        let late = self.decide_with(xid.clone(), Decision::Rollback, entry);
+                        let late = self.decide_with(xid.clone(), kind, Decision::Rollback, entry);
                         let status = Box::pin(late).await?;
                         return Err(Error::Decided {
                             message: format!(

@@ -35,7 +35,8 @@ pub struct BeginTcc {
     pub deadline_ms: i64,
 }
 
-/// Creates a saga (its whole definition in one row) unless the xid exists.
+/// Creates a saga or a prepared message (its whole definition in one row) unless the xid
+/// exists.
 #[derive(Debug, Clone)]
 pub struct SubmitSaga {
     pub global: GlobalRow,
@@ -51,11 +52,13 @@ pub struct RegisterBranch {
     pub begin: Option<(i64, i64)>,
 }
 
-/// TRYING -> COMMITTING/ROLLING_BACK (Commit only before the deadline), claiming the
-/// transaction for `owner` with a fresh fencing token.
+/// A TCC transaction TRYING (Commit only before its deadline) or a message PREPARED ->
+/// COMMITTING/ROLLING_BACK, claiming it for `owner` with a fresh fencing token.
 #[derive(Debug, Clone)]
 pub struct Decide {
     pub xid: String,
+    /// Applies only to a transaction of this kind.
+    pub kind: Kind,
     pub decision: Decision,
     pub owner: String,
     pub fence: i64,
@@ -127,7 +130,8 @@ pub enum Decided {
     },
     /// No transaction has this xid.
     Missing,
-    /// Not TRYING (or past the deadline for a Commit): the transaction's row as it is.
+    /// Not of the kind, not undecided, or (TCC Commit) past the deadline: the transaction's
+    /// row as it is.
     Exists(GlobalRow),
 }
 

@@ -62,13 +62,16 @@ const SELECT_BRANCH: &str = "SELECT branch_id, seq, target, handler, payload, he
      call_timeout_ms, status, attempts, last_error, result \
      FROM dtx_branch WHERE xid = ? AND branch_id = ?";
 
+/// A TCC transaction commits only before its deadline; a prepared message whenever its
+/// initiator submits it.
 const DECIDE_COMMIT: &str = "UPDATE dtx_global SET status = 'COMMITTING', decision = 'commit', \
      owner = ?, fence = ?, due_ms = ?, updated_ms = ? \
-     WHERE xid = ? AND status = 'TRYING' AND deadline_ms > ?";
+     WHERE xid = ? AND kind = ? \
+     AND (status = 'PREPARED' OR (status = 'TRYING' AND deadline_ms > ?))";
 
 const DECIDE_ROLLBACK: &str = "UPDATE dtx_global SET status = 'ROLLING_BACK', \
      decision = 'rollback', owner = ?, fence = ?, due_ms = ?, updated_ms = ? \
-     WHERE xid = ? AND status = 'TRYING'";
+     WHERE xid = ? AND kind = ? AND status IN ('TRYING', 'PREPARED')";
 
 /// A driver's change: only with its fencing token, from the status it expects, and never
 /// replacing a recorded decision with another.
@@ -605,19 +608,20 @@ impl Apply for Decide {
 
     async fn apply<C: Conn>(&self, conn: &mut C, batch: &mut Batch) -> Result<Decided> {
         let (xid, owner, now) = (self.xid.as_str(), self.owner.as_str(), batch.now);
+        let kind = self.kind.as_str();
         let n = match self.decision {
             // Commit only before the deadline; Rollback whatever the deadline.
             Decision::Commit => {
                 conn.execute(
                     DECIDE_COMMIT,
-                    args![owner, self.fence, self.due_ms, now, xid, now],
+                    args![owner, self.fence, self.due_ms, now, xid, kind, now],
                 )
                 .await?
             }
             _ => {
                 conn.execute(
                     DECIDE_ROLLBACK,
-                    args![owner, self.fence, self.due_ms, now, xid],
+                    args![owner, self.fence, self.due_ms, now, xid, kind],
                 )
                 .await?
             }

@@ -20,7 +20,7 @@ use super::{Action, Answer, Detail, Reply};
 use crate::Error;
 
 /// The branch id of a message's slot (one per message xid).
-pub const MESSAGE_BRANCH: &str = "msg";
+pub const MESSAGE_BRANCH: &str = dtx_proto::MESSAGE_BRANCH;
 
 /// What [`prepare_message`] found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,4 +1,5 @@
-//! The initiator's client: TCC transactions and sagas.
+//! The initiator's client: TCC transactions, sagas and two-phase messages (see
+//! [`MessageBuilder`]).
 //!
 //! TCC:
 //! ```no_run
@@ -181,6 +182,9 @@ macro_rules! rpc {
         })
     };
 }
+
+mod message;
+pub use message::{Committed, MessageBranch, MessageBuilder, PreparedMessage};
 
 impl Coordinator {
     /// Connects to the coordinator at `url` (e.g. `http://127.0.0.1:50070`; an `https://` URL

@@ -12,6 +12,7 @@ class TxKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TX_KIND_UNSPECIFIED: _ClassVar[TxKind]
     TX_KIND_TCC: _ClassVar[TxKind]
     TX_KIND_SAGA: _ClassVar[TxKind]
+    TX_KIND_MESSAGE: _ClassVar[TxKind]
 
 class TxStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -26,6 +27,7 @@ class TxStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TX_STATUS_COMPENSATING: _ClassVar[TxStatus]
     TX_STATUS_COMPENSATED: _ClassVar[TxStatus]
     TX_STATUS_NEEDS_ATTENTION: _ClassVar[TxStatus]
+    TX_STATUS_PREPARED: _ClassVar[TxStatus]
 
 class BranchStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -83,6 +85,7 @@ class HistoryKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
 TX_KIND_UNSPECIFIED: TxKind
 TX_KIND_TCC: TxKind
 TX_KIND_SAGA: TxKind
+TX_KIND_MESSAGE: TxKind
 TX_STATUS_UNSPECIFIED: TxStatus
 TX_STATUS_TRYING: TxStatus
 TX_STATUS_COMMITTING: TxStatus
@@ -94,6 +97,7 @@ TX_STATUS_SUCCEEDED: TxStatus
 TX_STATUS_COMPENSATING: TxStatus
 TX_STATUS_COMPENSATED: TxStatus
 TX_STATUS_NEEDS_ATTENTION: TxStatus
+TX_STATUS_PREPARED: TxStatus
 BRANCH_STATUS_UNSPECIFIED: BranchStatus
 BRANCH_STATUS_PENDING: BranchStatus
 BRANCH_STATUS_IN_DOUBT: BranchStatus
@@ -278,6 +282,74 @@ class SubmitSagaResponse(_message.Message):
     deadline_unix_ms: int
     transaction: Transaction
     def __init__(self, xid: _Optional[str] = ..., status: _Optional[_Union[TxStatus, str]] = ..., deadline_unix_ms: _Optional[int] = ..., transaction: _Optional[_Union[Transaction, _Mapping]] = ...) -> None: ...
+
+class MessageBranch(_message.Message):
+    __slots__ = ("name", "target", "handler", "payload", "depends_on", "retry", "headers")
+    class HeadersEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    HANDLER_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    DEPENDS_ON_FIELD_NUMBER: _ClassVar[int]
+    RETRY_FIELD_NUMBER: _ClassVar[int]
+    HEADERS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    target: str
+    handler: str
+    payload: bytes
+    depends_on: _containers.RepeatedScalarFieldContainer[str]
+    retry: RetryPolicy
+    headers: _containers.ScalarMap[str, str]
+    def __init__(self, name: _Optional[str] = ..., target: _Optional[str] = ..., handler: _Optional[str] = ..., payload: _Optional[bytes] = ..., depends_on: _Optional[_Iterable[str]] = ..., retry: _Optional[_Union[RetryPolicy, _Mapping]] = ..., headers: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class CheckBack(_message.Message):
+    __slots__ = ("target", "handler")
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    HANDLER_FIELD_NUMBER: _ClassVar[int]
+    target: str
+    handler: str
+    def __init__(self, target: _Optional[str] = ..., handler: _Optional[str] = ...) -> None: ...
+
+class PrepareMessageRequest(_message.Message):
+    __slots__ = ("xid", "branches", "check_back", "check_back_after_ms", "retry", "headers")
+    class HeadersEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    XID_FIELD_NUMBER: _ClassVar[int]
+    BRANCHES_FIELD_NUMBER: _ClassVar[int]
+    CHECK_BACK_FIELD_NUMBER: _ClassVar[int]
+    CHECK_BACK_AFTER_MS_FIELD_NUMBER: _ClassVar[int]
+    RETRY_FIELD_NUMBER: _ClassVar[int]
+    HEADERS_FIELD_NUMBER: _ClassVar[int]
+    xid: str
+    branches: _containers.RepeatedCompositeFieldContainer[MessageBranch]
+    check_back: CheckBack
+    check_back_after_ms: int
+    retry: RetryPolicy
+    headers: _containers.ScalarMap[str, str]
+    def __init__(self, xid: _Optional[str] = ..., branches: _Optional[_Iterable[_Union[MessageBranch, _Mapping]]] = ..., check_back: _Optional[_Union[CheckBack, _Mapping]] = ..., check_back_after_ms: _Optional[int] = ..., retry: _Optional[_Union[RetryPolicy, _Mapping]] = ..., headers: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class PrepareMessageResponse(_message.Message):
+    __slots__ = ("xid", "status", "branch_xid", "check_back_unix_ms")
+    XID_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    BRANCH_XID_FIELD_NUMBER: _ClassVar[int]
+    CHECK_BACK_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    xid: str
+    status: TxStatus
+    branch_xid: str
+    check_back_unix_ms: int
+    def __init__(self, xid: _Optional[str] = ..., status: _Optional[_Union[TxStatus, str]] = ..., branch_xid: _Optional[str] = ..., check_back_unix_ms: _Optional[int] = ...) -> None: ...
 
 class GetRequest(_message.Message):
     __slots__ = ("xid",)

@@ -78,6 +78,21 @@ class CoordinatorStub:
                 request_serializer=dtx_dot_v1_dot_dtx__pb2.ResumeRequest.SerializeToString,
                 response_deserializer=dtx_dot_v1_dot_dtx__pb2.Transaction.FromString,
                 _registered_method=True)
+        self.PrepareMessage = channel.unary_unary(
+                '/dtx.v1.Coordinator/PrepareMessage',
+                request_serializer=dtx_dot_v1_dot_dtx__pb2.PrepareMessageRequest.SerializeToString,
+                response_deserializer=dtx_dot_v1_dot_dtx__pb2.PrepareMessageResponse.FromString,
+                _registered_method=True)
+        self.SubmitMessage = channel.unary_unary(
+                '/dtx.v1.Coordinator/SubmitMessage',
+                request_serializer=dtx_dot_v1_dot_dtx__pb2.DecideRequest.SerializeToString,
+                response_deserializer=dtx_dot_v1_dot_dtx__pb2.DecideResponse.FromString,
+                _registered_method=True)
+        self.AbortMessage = channel.unary_unary(
+                '/dtx.v1.Coordinator/AbortMessage',
+                request_serializer=dtx_dot_v1_dot_dtx__pb2.DecideRequest.SerializeToString,
+                response_deserializer=dtx_dot_v1_dot_dtx__pb2.DecideResponse.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServicer:
@@ -162,6 +177,44 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PrepareMessage(self, request, context):
+        """Two-phase messages ("commit my local transaction and have these calls delivered": both or
+        neither). PrepareMessage records the message durably in PREPARED before the initiator's
+        local transaction runs; the local transaction writes the message's barrier row (the SDKs'
+        `prepare_message`) next to its business change; after its commit the initiator calls
+        SubmitMessage, and the coordinator delivers every branch (ACTION calls, retried until each
+        answers SUCCESS; a FAILURE parks the message in NEEDS_ATTENTION: a delivery is never undone).
+        If neither SubmitMessage nor AbortMessage arrives within `check_back_after_ms`, the
+        coordinator asks the initiator's service (CHECK_BACK to `check_back`), answered from the
+        barrier: committed -> delivered, not committed -> dropped (ROLLED_BACK); any other answer is
+        asked again later with backoff, never taken as "dropped".
+        Idempotent under the xid like SubmitSaga: the same definition returns the existing message,
+        a different one (or another kind's xid) is ALREADY_EXISTS; invalid definitions are
+        INVALID_ARGUMENT and nothing is stored.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SubmitMessage(self, request, context):
+        """The initiator's local transaction committed: deliver. Idempotent (a repeat answers the
+        current status). ABORTED if the message was dropped (aborted, or its check-back found no
+        commit); FAILED_PRECONDITION for an xid that is not a message; NOT_FOUND for an unknown xid.
+        `wait` as for Commit: return once every branch was delivered or the message parked.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AbortMessage(self, request, context):
+        """The initiator's local transaction rolled back (never after its commit, and not when the
+        commit's outcome is unknown: leave that to the check-back): drop the message, nothing is
+        delivered. Idempotent; ABORTED once it was submitted.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -204,6 +257,21 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.Resume,
                     request_deserializer=dtx_dot_v1_dot_dtx__pb2.ResumeRequest.FromString,
                     response_serializer=dtx_dot_v1_dot_dtx__pb2.Transaction.SerializeToString,
+            ),
+            'PrepareMessage': grpc.unary_unary_rpc_method_handler(
+                    servicer.PrepareMessage,
+                    request_deserializer=dtx_dot_v1_dot_dtx__pb2.PrepareMessageRequest.FromString,
+                    response_serializer=dtx_dot_v1_dot_dtx__pb2.PrepareMessageResponse.SerializeToString,
+            ),
+            'SubmitMessage': grpc.unary_unary_rpc_method_handler(
+                    servicer.SubmitMessage,
+                    request_deserializer=dtx_dot_v1_dot_dtx__pb2.DecideRequest.FromString,
+                    response_serializer=dtx_dot_v1_dot_dtx__pb2.DecideResponse.SerializeToString,
+            ),
+            'AbortMessage': grpc.unary_unary_rpc_method_handler(
+                    servicer.AbortMessage,
+                    request_deserializer=dtx_dot_v1_dot_dtx__pb2.DecideRequest.FromString,
+                    response_serializer=dtx_dot_v1_dot_dtx__pb2.DecideResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -436,6 +504,87 @@ class Coordinator:
             metadata,
             _registered_method=True)
 
+    @staticmethod
+    def PrepareMessage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dtx.v1.Coordinator/PrepareMessage',
+            dtx_dot_v1_dot_dtx__pb2.PrepareMessageRequest.SerializeToString,
+            dtx_dot_v1_dot_dtx__pb2.PrepareMessageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SubmitMessage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dtx.v1.Coordinator/SubmitMessage',
+            dtx_dot_v1_dot_dtx__pb2.DecideRequest.SerializeToString,
+            dtx_dot_v1_dot_dtx__pb2.DecideResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AbortMessage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dtx.v1.Coordinator/AbortMessage',
+            dtx_dot_v1_dot_dtx__pb2.DecideRequest.SerializeToString,
+            dtx_dot_v1_dot_dtx__pb2.DecideResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
 
 class ParticipantStub:
     """---------------------------------------------------------------------------------------------
@@ -635,7 +784,8 @@ class AdminServicer:
         """An undecided TCC (TRYING) is rolled back; a RUNNING saga turns to compensation (steps that
         may have run are compensated; an action still in flight is stopped by the participant's
         barrier). No-op once rolling back or compensating; FAILED_PRECONDITION once committing or
-        committed, succeeded, or parked (its decision is final: use Resume).
+        committed, succeeded, or parked (its decision is final: use Resume), and for a PREPARED
+        message (only its check-back knows whether its local transaction committed).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
