@@ -26,6 +26,8 @@ from .client import (
     Coordinator,
     CoordinatorError,
     DtxError,
+    MessageBuilder,
+    PreparedMessage,
 )
 from .db import Database, MySql, Postgres, Sqlite, from_url
 from .limits import LimitError
@@ -48,10 +50,12 @@ __all__ = [
     "Detail",
     "DtxError",
     "LimitError",
+    "MessageBuilder",
     "MessageDropped",
     "MySql",
     "ParticipantServer",
     "Prepared",
+    "PreparedMessage",
     "Postgres",
     "Rejected",
     "Reply",

@@ -18,9 +18,22 @@ Sagas::
                .step("reserve", "http://inventory:50051", "stock", b"sku-1")
                .step("charge", "http://payments:50052", "card", b"42")
                .run(timeout_s=30))
+
+Two-phase messages ("commit my local transaction and have these calls delivered", both or
+neither), the check-backs served by ``ParticipantServer.message_check_back`` on the same
+database::
+
+    def place_order(tx):
+        tx.execute("INSERT INTO orders (id) VALUES (?)", ("42",))
+
+    (coordinator.message("http://orders:50051", "orders.check_back", xid="order-42")
+     .branch("reserve", "http://inventory:50051", "reserve", b"sku-1:2")
+     .branch("notify", "http://notifications:50051", "order_placed", b"42")
+     .do_and_submit(database, place_order))
 """
 
 import json
+import logging
 import os
 import socket
 import time
@@ -31,6 +44,7 @@ import grpc
 from google.protobuf import json_format
 
 from .auth import CALL_TOKEN
+from .barrier import MessageDropped, Prepared, prepare_message
 from .v1 import dtx_pb2 as wire
 from .v1 import dtx_pb2_grpc
 
@@ -167,6 +181,13 @@ class Coordinator:
 
     def saga(self, xid="", timeout_s=60.0):
         return SagaBuilder(self, xid, timeout_s)
+
+    def message(self, check_back_target, check_back_handler, xid="", check_back_after_s=0.0):
+        """A two-phase message whose check-backs go to ``check_back_handler`` of this
+        service's participant server at ``check_back_target``; checked back
+        ``check_back_after_s`` after it was prepared (0: the coordinator's default)."""
+        return MessageBuilder(self, check_back_target, check_back_handler, xid,
+                              check_back_after_s)
 
     def get(self, xid):
         return self._rpc("Get", wire.GetRequest(xid=xid))
@@ -358,3 +379,103 @@ class SagaBuilder:
             "SubmitSaga", self.request, self.traceparent, timeout_s + 5
         )
         return response.transaction
+
+
+class MessageBuilder:
+    def __init__(self, coordinator, check_back_target, check_back_handler, xid,
+                 check_back_after_s):
+        self.coordinator = coordinator
+        self.request = wire.PrepareMessageRequest(
+            xid=xid or f"py-{os.urandom(12).hex()}",
+            check_back=wire.CheckBack(target=check_back_target, handler=check_back_handler),
+            check_back_after_ms=int(check_back_after_s * 1000),
+        )
+        self.traceparent = new_traceparent()
+        self.request.headers[TRACEPARENT] = self.traceparent
+
+    def branch(self, name, target, handler, payload=b"", after=()):
+        """A delivery: ``handler`` of the participant at ``target`` is called with ACTION until
+        it answers SUCCESS, after the branches named in ``after`` (the others at once)."""
+        self.request.branches.add(
+            name=name, target=target, handler=handler, payload=payload, depends_on=list(after)
+        )
+        return self
+
+    def retry(self, initial_backoff_ms=0, max_backoff_ms=0, call_timeout_ms=0):
+        """Backoff and call timeout of the deliveries and check-backs."""
+        self.request.retry.CopyFrom(
+            wire.RetryPolicy(
+                initial_backoff_ms=initial_backoff_ms,
+                max_backoff_ms=max_backoff_ms,
+                call_timeout_ms=call_timeout_ms,
+            )
+        )
+        return self
+
+    def prepare(self):
+        """Records the message durably in PREPARED; returns a :class:`PreparedMessage`."""
+        response = self.coordinator._rpc("PrepareMessage", self.request, self.traceparent)
+        return PreparedMessage(self.coordinator, response.xid, response.branch_xid,
+                               self.traceparent)
+
+    def do_and_submit(self, database, body):
+        """Prepares the message, runs ``body(tx)`` in a local transaction of ``database`` that
+        also writes the message's barrier row, commits, and submits. Returns what ``body``
+        returned, or ``Prepared.ALREADY_COMMITTED`` when an earlier run of this message
+        committed (``body`` does not run again; the message is submitted).
+
+        ``body`` raising rolls back and aborts the message, and the exception propagates.
+        :class:`MessageDropped`: a check-back dropped the message first (nothing committed). A
+        failed COMMIT is raised without an abort (its outcome may be unknown: the check-back
+        decides), and a failed submit after the commit is only logged: the check-back
+        delivers."""
+        message = self.prepare()
+        ran = False
+        try:
+            with database.transaction() as tx:
+                if prepare_message(tx, message.branch_xid) == Prepared.ALREADY_COMMITTED:
+                    result = Prepared.ALREADY_COMMITTED
+                else:
+                    result = body(tx)
+                ran = True
+        except MessageDropped:
+            raise
+        except BaseException:
+            if not ran:
+                message._quietly(message.abort)
+            raise
+        message._quietly(message.submit)
+        return result
+
+
+class PreparedMessage:
+    """A message in PREPARED: submit it after the local commit, abort it after a rollback."""
+
+    def __init__(self, coordinator, xid, branch_xid, traceparent):
+        self.coordinator = coordinator
+        self.xid = xid
+        #: The key of the message's barrier row (the xid with its tenant's scope): pass it to
+        #: :func:`dtx.prepare_message` in the local transaction.
+        self.branch_xid = branch_xid
+        self.traceparent = traceparent
+
+    def submit(self):
+        """The local transaction committed: deliver. Returns the status."""
+        return self._decide("SubmitMessage")
+
+    def abort(self):
+        """The local transaction rolled back: drop the message. Never after a commit, nor when
+        the commit's outcome is unknown (leave that to the check-back)."""
+        return self._decide("AbortMessage")
+
+    def _decide(self, method):
+        request = wire.DecideRequest(xid=self.xid)
+        return self.coordinator._rpc(method, request, _child(self.traceparent)).status
+
+    def _quietly(self, decide):
+        try:
+            decide()
+        except CoordinatorError as e:
+            logging.getLogger("dtx").warning(
+                "message %s: %s failed (%s); its check-back settles it", self.xid,
+                decide.__name__, e)

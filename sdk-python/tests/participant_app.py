@@ -2,8 +2,9 @@
 (tests/tests/cross_language.rs): ``python participant_app.py SQLITE_FILE``.
 
 It migrates the barrier on the file, serves the saga steps ``ship`` (writes a ledger row,
-succeeds; its compensation writes one too) and ``fail`` (refuses, its write undone) and the TCC
-resource ``hold`` (each phase writes a ledger row) on a free port, prints ``listening on PORT`` and serves until stdin closes (so it dies with its parent)."""
+succeeds; its compensation writes one too) and ``fail`` (refuses, its write undone), the TCC
+resource ``hold`` (each phase writes a ledger row) and the check-backs ``orders`` of the
+messages ``message_initiator.py`` prepares on the same file, on a free port, prints ``listening on PORT`` and serves until stdin closes (so it dies with its parent)."""
 
 import os
 import sys
@@ -23,6 +24,8 @@ def main(path):
         .saga("ship", recording(db, "action"), recording(db, "compensate"))
         .saga("fail", refusing(db, "action"), recording(db, "compensate"))
         .tcc("hold", recording(db, "try"), recording(db, "confirm"), recording(db, "cancel"))
+        # The check-backs of the messages message_initiator.py prepares on the same file.
+        .message_check_back("orders")
     )
     # With DTX_TLS_CERT/KEY (and DTX_TLS_CLIENT_CA for mTLS): TLS only.
     tls = None

@@ -8,7 +8,7 @@ import time
 
 import grpc
 import pytest
-from conftest import ledger
+from conftest import ledger, recording
 
 import dtx
 from dtx.v1 import dtx_pb2 as wire
@@ -114,3 +114,95 @@ def test_a_local_transaction_racing_its_check_back_is_never_a_guess(database):
         delivered += deliver
         dropped += not deliver
     assert delivered and dropped, f"{delivered} delivered, {dropped} dropped: no race"
+
+
+# -- a Python initiator against the real coordinator ---------------------------------------
+
+
+@pytest.fixture
+def orders_service(database):
+    """``(database, target)`` of a served order service: it answers its messages'
+    check-backs (``orders``) and takes their deliveries (``ship``, writing a ledger row)."""
+    service = (
+        dtx.ParticipantServer(database)
+        .message_check_back("orders")
+        .saga("ship", recording(database, "action"), recording(database, "compensate"))
+    )
+    server, port = service.serve()
+    try:
+        yield database, f"http://127.0.0.1:{port}"
+    finally:
+        server.stop(grace=None)
+
+
+def order_message(coordinator, target, xid):
+    """Ship ``b1``, then ``b2``; checked back 300 ms after it was prepared."""
+    return (
+        coordinator.message(target, "orders", xid=xid, check_back_after_s=0.3)
+        .branch("b1", target, "ship", b"one")
+        .branch("b2", target, "ship", b"two", after=["b1"])
+        .retry(initial_backoff_ms=50, max_backoff_ms=200)
+    )
+
+
+def place_order(xid):
+    def body(tx):
+        tx.execute(
+            "INSERT INTO ledger (xid, branch_id, action, payload) VALUES (?, ?, ?, ?)",
+            (xid, "order", "order", b""),
+        )
+        return "placed"
+
+    return body
+
+
+def placed(db, xid):
+    return sum(1 for _, a, _ in ledger(db, xid) if a == "order")
+
+
+def deliveries(db, xid):
+    return sorted((b, a) for b, a, _ in ledger(db, xid) if a != "order")
+
+
+def test_a_python_initiator_delivers_exactly_when_its_order_commits(coordinator, orders_service):
+    db, target = orders_service
+    assert order_message(coordinator, target, "py-m1").do_and_submit(db, place_order("py-m1")) \
+        == "placed"
+    assert coordinator.wait("py-m1", timeout_s=20).status == wire.TX_STATUS_COMMITTED
+    assert deliveries(db, "py-m1") == [("b1", "action"), ("b2", "action")]
+    assert placed(db, "py-m1") == 1
+    # Run again (a retried request): the order is not placed twice.
+    again = order_message(coordinator, target, "py-m1").do_and_submit(db, place_order("py-m1"))
+    assert again == dtx.Prepared.ALREADY_COMMITTED
+    assert placed(db, "py-m1") == 1
+
+    # The body raises: rolled back, aborted, nothing delivered.
+    def out_of_stock(tx):
+        place_order("py-m2")(tx)
+        raise RuntimeError("out of stock")
+
+    with pytest.raises(RuntimeError):
+        order_message(coordinator, target, "py-m2").do_and_submit(db, out_of_stock)
+    assert coordinator.wait("py-m2", timeout_s=20).status == wire.TX_STATUS_ROLLED_BACK
+    assert ledger(db, "py-m2") == []
+
+
+def test_a_silent_python_initiator_is_checked_back(coordinator, orders_service):
+    db, target = orders_service
+    # Committed, never submitted: the check-back finds the order and delivers.
+    committed = order_message(coordinator, target, "py-m3").prepare()
+    with db.transaction() as tx:
+        dtx.prepare_message(tx, committed.branch_xid)
+        place_order("py-m3")(tx)
+    assert coordinator.wait("py-m3", timeout_s=20).status == wire.TX_STATUS_COMMITTED
+    assert deliveries(db, "py-m3") == [("b1", "action"), ("b2", "action")]
+
+    # Rolled back, never aborted: the check-back drops it; a late commit cannot happen.
+    silent = order_message(coordinator, target, "py-m4").prepare()
+    with pytest.raises(RuntimeError), db.transaction() as tx:
+        dtx.prepare_message(tx, silent.branch_xid)
+        place_order("py-m4")(tx)
+        raise RuntimeError("the process died here")
+    assert coordinator.wait("py-m4", timeout_s=20).status == wire.TX_STATUS_ROLLED_BACK
+    assert not local_transaction(db, silent.branch_xid)
+    assert ledger(db, "py-m4") == []

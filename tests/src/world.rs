@@ -4,9 +4,11 @@
 
 use std::time::Duration;
 
-use dtx_proto::v1::Transaction;
+use dtx_proto::v1::{BranchStatus, Transaction, TxKind, TxStatus};
 use dtx_sdk::barrier::Action;
-use dtx_sdk::client::{Coordinator, SagaStep, TccBranch, TccOptions};
+use dtx_sdk::client::{
+    Coordinator, MessageBranch, MessageBuilder, RetryPolicy, SagaStep, TccBranch, TccOptions,
+};
 use dtx_sql::Schema;
 use tonic::transport::Server;
 
@@ -14,7 +16,7 @@ use crate::coordinator::InProcess;
 use crate::db::{TestBackend, TestDb};
 use crate::ledger;
 use crate::net::{RunningServer, serve};
-use crate::participant::{Bank, Fault, Faults, payload};
+use crate::participant::{Bank, Fault, Faults, ORDERS_CHECK_BACK, payload};
 
 /// Every schema an end-to-end test needs.
 pub const SCHEMAS: &[Schema] = &[Schema::Coordinator, Schema::Barrier];
@@ -60,6 +62,46 @@ impl<DB: TestBackend> World<DB> {
 
     pub async fn effects(&self, xid: &str, branch: &str, kind: &str) -> i64 {
         ledger::effects(&self.db.pool, xid, branch, kind).await
+    }
+
+    /// `xid` once settled (terminal or parked), waiting up to 20 s.
+    pub async fn settled(&self, xid: &str) -> Transaction {
+        let tx = self
+            .client
+            .wait(xid, Duration::from_secs(20))
+            .await
+            .unwrap();
+        assert!(tx.status().is_settled(), "{xid} did not settle: {tx:?}");
+        tx
+    }
+
+    /// The order message `xid` ([`order_message`]) settled delivered: each credit once, the
+    /// order once.
+    pub async fn assert_order_delivered(&self, xid: &str) {
+        let tx = self.settled(xid).await;
+        assert_eq!(tx.status(), TxStatus::Committed, "{tx:?}");
+        assert_eq!(tx.kind(), TxKind::Message);
+        for branch in &tx.branches {
+            assert_eq!(branch.status(), BranchStatus::Done, "{branch:?}");
+        }
+        self.assert_order_effects(xid, 1).await;
+    }
+
+    /// The order message `xid` settled dropped: nothing delivered, no order.
+    pub async fn assert_order_dropped(&self, xid: &str) {
+        let tx = self.settled(xid).await;
+        assert_eq!(tx.status(), TxStatus::RolledBack, "{tx:?}");
+        for branch in &tx.branches {
+            assert_eq!(branch.status(), BranchStatus::Skipped, "{branch:?}");
+        }
+        self.assert_order_effects(xid, 0).await;
+    }
+
+    async fn assert_order_effects(&self, xid: &str, times: i64) {
+        assert_eq!(self.effects(xid, "credit-bob", "action").await, times);
+        assert_eq!(self.effects(xid, "credit-carol", "action").await, times);
+        let orders = crate::idempotency::orders_for(&self.db.pool, xid).await;
+        assert_eq!(orders, times, "orders of {xid}");
     }
 
     /// The transaction's history as the Admin API describes it: one event per line, its kind,
@@ -133,6 +175,27 @@ pub async fn alice_with_a_slow_step<DB: TestBackend>(
     let (faults, bank) = bank(db).await;
     faults.push(branch, Action::Action, [Fault::Delay(delay)]);
     (faults, bank)
+}
+
+/// The bank's order message `xid` through `client`: credit bob 5, then carol 7, at the bank
+/// `url`, which also answers its check-backs (after 300 ms); retried every 50 to 200 ms.
+pub fn order_message(client: &Coordinator, url: &str, xid: &str) -> MessageBuilder {
+    client
+        .message(url, ORDERS_CHECK_BACK)
+        .xid(xid)
+        .check_back_after(Duration::from_millis(300))
+        .retry(RetryPolicy {
+            initial_backoff: Duration::from_millis(50),
+            max_backoff: Duration::from_millis(200),
+            call_timeout: Duration::from_secs(2),
+            ..RetryPolicy::default()
+        })
+        .branch(MessageBranch::new("credit-bob", url, "credit").payload(payload("bob", 5)))
+        .branch(
+            MessageBranch::new("credit-carol", url, "credit")
+                .payload(payload("carol", 7))
+                .after(["credit-bob"]),
+        )
 }
 
 /// A saga step `name` debiting `amount` from alice at the bank `url`.

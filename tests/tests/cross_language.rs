@@ -1,5 +1,6 @@
-//! One saga across languages: a Rust initiator (the SDK's saga builder) and coordinator, one
-//! step at the Rust bank participant and the others at a Python participant process
+//! One saga and two-phase messages across languages: a Rust initiator (the SDK's saga builder)
+//! and coordinator, one step at the Rust bank participant and the others at a Python
+//! participant process
 //! (`sdk-python/tests/participant_app.py`, the `dtx` package's barrier on its own SQLite file).
 //! Effects are read from both ledgers; the Python-migrated file is then migrated by the Rust
 //! SDK, which accepts it only if the two keep the same migration ledger and checksums.
@@ -7,9 +8,10 @@
 use std::time::Duration;
 
 use dtx_proto::v1::TxStatus;
-use dtx_sdk::client::SagaStep;
+use dtx_sdk::client::{MessageBranch, SagaStep};
 use dtx_sql::sqlx::{self, SqlitePool};
 use dtx_tests::db::{TestBackend, TestDb};
+use dtx_tests::participant::ORDERS_CHECK_BACK;
 use dtx_tests::python::{PythonParticipant, python};
 use dtx_tests::test_on_all_databases;
 use dtx_tests::world::{SCHEMAS, START, World, debit_alice};
@@ -86,6 +88,60 @@ async fn a_saga_spans_a_rust_and_a_python_participant<DB: TestBackend>(db: &'sta
         .expect("the Rust SDK accepts the barrier tables the Python package migrated");
 }
 test_on_all_databases!(a_saga_spans_a_rust_and_a_python_participant, SCHEMAS);
+
+/// A two-phase message each way: the Rust bank's order message delivered to a Python
+/// participant, and a Python initiator's message (its order on the Python participant's file,
+/// which answers the check-backs) delivered to the Rust bank.
+async fn a_message_crosses_languages_both_ways<DB: TestBackend>(db: &'static TestDb<DB>) {
+    let Some(python) = python() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("python-participant.db");
+    let py = PythonParticipant::start(&python, &file);
+    let w = World::start(db, &[]).await;
+    dtx_tests::idempotency::create_tables(&db.pool).await;
+
+    let ran = w
+        .client
+        .message(&w.bank, ORDERS_CHECK_BACK)
+        .xid("cross-msg")
+        .branch(MessageBranch::new("ship", &py.url, "ship").payload(b"parcel".to_vec()))
+        .do_and_submit(&db.pool, |conn: &mut DB::Conn| {
+            Box::pin(async move {
+                dtx_tests::idempotency::insert_order(conn, "cross-msg", 10).await?;
+                Ok::<_, dtx_sdk::Error>(())
+            })
+        })
+        .await;
+    assert!(ran.is_ok(), "{ran:?}");
+    let done = w.client.wait("cross-msg", WAIT).await.unwrap();
+    assert_eq!(done.status(), TxStatus::Committed, "{done:?}");
+    let pool = SqlitePool::connect(&format!("sqlite://{}", file.display()))
+        .await
+        .unwrap();
+    let shipped = vec![("ship".to_string(), "action".to_string())];
+    assert_eq!(python_effects(&pool, "cross-msg").await, shipped);
+
+    let script = dtx_tests::python::repo().join("sdk-python/tests/message_initiator.py");
+    let output = tokio::process::Command::new(&python)
+        .arg(script)
+        .arg(&file)
+        .args([&w.coordinator.url, &py.url, "py-msg", &w.bank])
+        .output()
+        .await
+        .expect("run the Python initiator");
+    let said = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_eq!(said.trim(), (TxStatus::Committed as i32).to_string());
+    assert_eq!(w.effects("py-msg", "credit-bob", "action").await, 1);
+    assert_eq!(w.account("bob").await.0, START + 5);
+    let ordered = vec![("order".to_string(), "order".to_string())];
+    assert_eq!(python_effects(&pool, "py-msg").await, ordered);
+}
+test_on_all_databases!(a_message_crosses_languages_both_ways, SCHEMAS);
 
 /// Runs the Python package's migrator on `url` (`dtx.from_url(url).migrate()`).
 fn python_migrate(python: &std::path::Path, url: &str) {

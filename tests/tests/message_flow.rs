@@ -6,35 +6,19 @@
 
 use std::time::Duration;
 
-use dtx_proto::v1::{BranchStatus, Transaction, TxKind, TxStatus};
+use dtx_proto::v1::TxStatus;
 use dtx_sdk::Error;
 use dtx_sdk::barrier::{self, Action, Prepared};
-use dtx_sdk::client::{Committed, MessageBranch, MessageBuilder, RetryPolicy};
+use dtx_sdk::client::{Committed, MessageBuilder};
 use dtx_tests::db::{TestBackend, TestDb};
 use dtx_tests::idempotency::{create_tables, insert_order, orders_for};
-use dtx_tests::participant::{Fault, ORDERS_CHECK_BACK, payload};
+use dtx_tests::participant::Fault;
 use dtx_tests::test_on_all_databases;
-use dtx_tests::world::{SCHEMAS, START, World};
+use dtx_tests::world::{SCHEMAS, START, World, order_message};
 use futures::future::BoxFuture;
 
-/// The message `xid`: credit bob 5, then carol 7; checked back after 300 ms.
 fn message<DB: TestBackend>(w: &World<DB>, xid: &str) -> MessageBuilder {
-    w.client
-        .message(&w.bank, ORDERS_CHECK_BACK)
-        .xid(xid)
-        .check_back_after(Duration::from_millis(300))
-        .retry(RetryPolicy {
-            initial_backoff: Duration::from_millis(50),
-            max_backoff: Duration::from_millis(200),
-            call_timeout: Duration::from_secs(2),
-            ..RetryPolicy::default()
-        })
-        .branch(MessageBranch::new("credit-bob", &w.bank, "credit").payload(payload("bob", 5)))
-        .branch(
-            MessageBranch::new("credit-carol", &w.bank, "credit")
-                .payload(payload("carol", 7))
-                .after(["credit-bob"]),
-        )
+    order_message(&w.client, &w.bank, xid)
 }
 
 /// The order's business change, as `do_and_submit` runs it in the local transaction.
@@ -43,37 +27,6 @@ fn order<C: dtx_sql::Conn>(
 ) -> impl for<'c> FnOnce(&'c mut C) -> BoxFuture<'c, Result<String, Error>> + use<C> {
     let xid = xid.to_string();
     move |conn| Box::pin(async move { Ok(insert_order(conn, &xid, 10).await?) })
-}
-
-async fn settled<DB: TestBackend>(w: &World<DB>, xid: &str) -> Transaction {
-    let tx = w.client.wait(xid, Duration::from_secs(20)).await.unwrap();
-    assert!(tx.status().is_settled(), "{xid} did not settle: {tx:?}");
-    tx
-}
-
-/// Delivered: each credit once, the order once.
-async fn assert_delivered<DB: TestBackend>(w: &World<DB>, xid: &str) {
-    let tx = settled(w, xid).await;
-    assert_eq!(tx.status(), TxStatus::Committed, "{tx:?}");
-    assert_eq!(tx.kind(), TxKind::Message);
-    for branch in &tx.branches {
-        assert_eq!(branch.status(), BranchStatus::Done, "{branch:?}");
-    }
-    assert_eq!(w.effects(xid, "credit-bob", "action").await, 1);
-    assert_eq!(w.effects(xid, "credit-carol", "action").await, 1);
-    assert_eq!(orders_for(&w.db.pool, xid).await, 1);
-}
-
-/// Dropped: nothing delivered, no order.
-async fn assert_dropped<DB: TestBackend>(w: &World<DB>, xid: &str) {
-    let tx = settled(w, xid).await;
-    assert_eq!(tx.status(), TxStatus::RolledBack, "{tx:?}");
-    for branch in &tx.branches {
-        assert_eq!(branch.status(), BranchStatus::Skipped, "{branch:?}");
-    }
-    assert_eq!(w.effects(xid, "credit-bob", "action").await, 0);
-    assert_eq!(w.effects(xid, "credit-carol", "action").await, 0);
-    assert_eq!(orders_for(&w.db.pool, xid).await, 0);
 }
 
 /// The order's local transaction as an initiator runs it by hand: the order and the message's
@@ -101,7 +54,7 @@ async fn a_committed_order_delivers_each_branch_once<DB: TestBackend>(db: &'stat
         .do_and_submit(&db.pool, order("m-1"))
         .await;
     assert!(matches!(ran, Ok(Committed::Now(_))), "{ran:?}");
-    assert_delivered(&w, "m-1").await;
+    w.assert_order_delivered("m-1").await;
     assert_eq!(w.account("bob").await.0, START + 5);
     assert_eq!(w.account("carol").await.0, START + 7);
     // The initiator runs again (say, its request was retried): the order is not made twice.
@@ -109,7 +62,7 @@ async fn a_committed_order_delivers_each_branch_once<DB: TestBackend>(db: &'stat
         .do_and_submit(&db.pool, order("m-1"))
         .await;
     assert!(matches!(again, Ok(Committed::Earlier)), "{again:?}");
-    assert_delivered(&w, "m-1").await;
+    w.assert_order_delivered("m-1").await;
 }
 
 async fn a_local_error_drops_the_message<DB: TestBackend>(db: &'static TestDb<DB>) {
@@ -124,7 +77,7 @@ async fn a_local_error_drops_the_message<DB: TestBackend>(db: &'static TestDb<DB
         })
         .await;
     assert!(matches!(failed, Err(Error::Barrier(_))), "{failed:?}");
-    assert_dropped(&w, "m-2").await;
+    w.assert_order_dropped("m-2").await;
     // A submit after the abort is refused: it contradicts the recorded decision.
     let prepared = message(&w, "m-2").prepare().await.unwrap();
     let refused = prepared.submit().await.unwrap_err();
@@ -142,7 +95,7 @@ async fn a_silent_initiator_is_checked_back<DB: TestBackend>(db: &'static TestDb
     local_transaction(&w, committed.branch_xid(), "m-3", true)
         .await
         .unwrap();
-    assert_delivered(&w, "m-3").await;
+    w.assert_order_delivered("m-3").await;
     let history = w.history("m-3").await;
     assert!(
         history.contains("check-back: the local transaction committed"),
@@ -155,7 +108,7 @@ async fn a_silent_initiator_is_checked_back<DB: TestBackend>(db: &'static TestDb
     local_transaction(&w, rolled_back.branch_xid(), "m-4", false)
         .await
         .unwrap();
-    assert_dropped(&w, "m-4").await;
+    w.assert_order_dropped("m-4").await;
     let late = local_transaction(&w, rolled_back.branch_xid(), "m-4", true).await;
     assert!(
         matches!(late, Err(Error::MessageDropped { .. })),
@@ -182,7 +135,7 @@ async fn a_check_back_without_an_answer_is_asked_again<DB: TestBackend>(db: &'st
     local_transaction(&w, prepared.branch_xid(), "m-5", true)
         .await
         .unwrap();
-    assert_delivered(&w, "m-5").await;
+    w.assert_order_delivered("m-5").await;
     assert!(w.faults.calls(barrier::MESSAGE_BRANCH, Action::CheckBack) >= 4);
     let history = w.history("m-5").await;
     assert!(history.contains("Unavailable"), "{history}");
@@ -203,8 +156,8 @@ async fn a_delivery_target_that_is_down_for_a_while_gets_it_later<DB: TestBacken
         .do_and_submit(&db.pool, order("m-6"))
         .await
         .unwrap();
-    assert_delivered(&w, "m-6").await;
-    let tx = settled(&w, "m-6").await;
+    w.assert_order_delivered("m-6").await;
+    let tx = w.settled("m-6").await;
     assert_eq!(tx.branches[0].attempts, 4, "{tx:?}");
     // carol's credit waited for bob's.
     assert_eq!(w.faults.calls("credit-carol", Action::Action), 1);
@@ -247,11 +200,11 @@ async fn the_local_transaction_racing_the_check_back_is_never_split<DB: TestBack
         if committed {
             prepared.submit().await.ok();
         }
-        let tx = settled(&w, &xid).await;
+        let tx = w.settled(&xid).await;
         match tx.status() {
             TxStatus::Committed => {
                 assert!(committed, "{xid}: delivered without its order");
-                assert_delivered(&w, &xid).await;
+                w.assert_order_delivered(&xid).await;
                 delivered += 1;
             }
             TxStatus::RolledBack => {
@@ -259,7 +212,7 @@ async fn the_local_transaction_racing_the_check_back_is_never_split<DB: TestBack
                     !committed,
                     "{xid}: the order committed, the message was dropped"
                 );
-                assert_dropped(&w, &xid).await;
+                w.assert_order_dropped(&xid).await;
                 dropped += 1;
             }
             other => panic!("{xid} ended {other:?}"),
