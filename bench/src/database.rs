@@ -10,6 +10,7 @@ use dtx_sdk::sql::{Conn, Sql, args};
 
 use crate::Error;
 use crate::participants::{self, ROWS_TABLE};
+use crate::workload::{LocalPool, LocalTransactions};
 
 /// A store the coordinator runs on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
@@ -158,15 +159,16 @@ impl<DB: Backend> RawInserts<DB> {
 }
 
 /// Opens the business database with the barrier and the rows table, and serves the rows
-/// participant on it; returns its URL.
+/// participant on it; returns its URL and the message initiators' local transactions there.
 pub async fn serve_rows<DB: Backend>(
     url: &str,
     connections: u32,
     security: &crate::security::Security,
-) -> Result<String, Error> {
+) -> Result<(String, Arc<dyn LocalTransactions>), Error> {
     let pool: Pool<DB> = DB::connect(url, connections).await?;
     dtx_sdk::migrate_barrier(&pool).await?;
     DB::execute_script(&pool, ROWS_TABLE.to_string()).await?;
+    let local: Arc<dyn LocalTransactions> = Arc::new(LocalPool(pool.clone()));
     let make = |calls| {
         let server = participants::rows_participant(pool);
         match calls {
@@ -175,5 +177,5 @@ pub async fn serve_rows<DB: Backend>(
         }
         .into_service()
     };
-    participants::serve(make, security).await
+    Ok((participants::serve(make, security).await?, local))
 }

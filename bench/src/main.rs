@@ -194,8 +194,8 @@ async fn bench_store(args: &Args, store: Store, admin: &str) -> Result<StoreRepo
     let plain = security::Security::default();
     let (noop, gate) = participants::serve_noop(&plain).await?;
     gate.open();
-    let rows = serve_rows(store, &db.business_url, &plain).await?;
-    let targets = Arc::new(Targets { noop, rows });
+    let (rows, local) = serve_rows(store, &db.business_url, &plain).await?;
+    let targets = Arc::new(Targets { noop, rows, local });
     let (warmup, window) = (
         Duration::from_secs_f64(args.warmup),
         Duration::from_secs_f64(args.seconds),
@@ -262,10 +262,11 @@ async fn bench_store(args: &Args, store: Store, admin: &str) -> Result<StoreRepo
         let security = secure()?;
         let (noop, secure_gate) = participants::serve_noop(&security).await?;
         secure_gate.open();
-        let rows_url = serve_rows(store, &db.business_url, &security).await?;
+        let (rows_url, local) = serve_rows(store, &db.business_url, &security).await?;
         let targets = Arc::new(Targets {
             noop,
             rows: rows_url,
+            local,
         });
         let process = CoordinatorProcess::start(&db.store_url, &security).await?;
         let client = process.client().await?;
@@ -325,7 +326,7 @@ async fn serve_rows(
     store: Store,
     url: &str,
     security: &security::Security,
-) -> Result<String, Error> {
+) -> Result<(String, Arc<dyn workload::LocalTransactions>), Error> {
     let pool = MAX_POOL as u32;
     match store {
         Store::Sqlite => database::serve_rows::<sqlx::Sqlite>(url, pool, security).await,

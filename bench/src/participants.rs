@@ -4,7 +4,8 @@
 //!   costs on its own. Handler `fail` refuses its Try/Action; handler `hold` holds a saga Action or a
 //!   TCC Confirm until the gate opens (the memory test's "participants holding their answers").
 //! * [`rows_participant`]: the real SDK participant server with the barrier, whose handlers
-//!   write two business rows per branch in the same local transaction.
+//!   write two business rows per branch in the same local transaction; it also answers the
+//!   check-backs of the message workload, whose local transactions run on its database.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -34,6 +35,8 @@ pub const FAIL: &str = "fail";
 pub const HOLD: &str = "hold";
 pub const ROWS_TCC: &str = "rows-tcc";
 pub const ROWS_SAGA: &str = "rows-saga";
+/// The rows participant's check-back handler of the message workload.
+pub const CHECK_BACK: &str = "check-back";
 
 /// Answers every call at once (see the module docs for `fail` and `hold`), after checking its
 /// call token when auth is on (as the SDK's participant server would).
@@ -175,6 +178,7 @@ pub fn rows_participant<DB: Backend>(pool: Pool<DB>) -> ParticipantServer<DB> {
             write::<DB::Conn>(INSERT),
             write::<DB::Conn>(DELETE),
         )
+        .message_check_back(CHECK_BACK)
 }
 
 /// A handler running `sql`, whose placeholders are (xid, branch id) pairs.

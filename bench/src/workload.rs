@@ -3,9 +3,16 @@
 use std::time::Duration;
 
 use dtx_proto::v1::TxStatus;
-use dtx_sdk::client::{Coordinator, SagaStep, TccBranch, TccOptions, TccTransaction};
+use std::sync::Arc;
 
-use crate::participants::{FAIL, NOOP, ROWS_SAGA, ROWS_TCC};
+use dtx_sdk::Backend;
+use dtx_sdk::client::{
+    Coordinator, MessageBranch, MessageBuilder, SagaStep, TccBranch, TccOptions, TccTransaction,
+};
+use dtx_sdk::sql::sqlx::Pool;
+use futures::future::BoxFuture;
+
+use crate::participants::{CHECK_BACK, FAIL, NOOP, ROWS_SAGA, ROWS_TCC};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -22,25 +29,56 @@ pub enum Workload {
     TccRows,
     /// Saga where each step writes 2 business rows through the barrier.
     SagaRows,
+    /// Two-phase message: prepare, a local transaction on the business database that writes
+    /// the message's barrier row, submit, then wait until its 2 sequential deliveries (to the
+    /// no-op participant) are done.
+    Message,
 }
 
 /// Where the participants are.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Targets {
     pub noop: String,
     pub rows: String,
+    /// Runs a message's local transaction on the business database (whose rows participant
+    /// answers its check-backs).
+    pub local: Arc<dyn LocalTransactions>,
+}
+
+/// The initiator's side of a message on the business database, whatever its kind.
+pub trait LocalTransactions: Send + Sync {
+    /// `do_and_submit` of `message` with an empty business change.
+    fn do_and_submit(&self, message: MessageBuilder) -> BoxFuture<'_, Result<(), String>>;
+}
+
+/// [`LocalTransactions`] on a pool of `DB`.
+pub struct LocalPool<DB: Backend>(pub Pool<DB>);
+
+impl<DB: Backend> LocalTransactions for LocalPool<DB> {
+    fn do_and_submit(&self, message: MessageBuilder) -> BoxFuture<'_, Result<(), String>> {
+        Box::pin(async move {
+            message
+                .do_and_submit(&self.0, |_conn: &mut DB::Conn| {
+                    Box::pin(async { Ok::<_, dtx_sdk::Error>(()) })
+                })
+                .await
+                .map(drop)
+                .map_err(|e| e.to_string())
+        })
+    }
 }
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 
 impl Workload {
-    pub const ALL: [Workload; 6] = [
+    pub const ALL: [Workload; 7] = [
         Workload::TccCommit,
         Workload::TccRollback,
         Workload::Saga,
         Workload::SagaCompensate,
         Workload::TccRows,
         Workload::SagaRows,
+        Workload::Message,
     ];
 
     pub fn name(self) -> &'static str {
@@ -51,6 +89,7 @@ impl Workload {
             Workload::SagaCompensate => "saga-compensate",
             Workload::TccRows => "tcc-rows",
             Workload::SagaRows => "saga-rows",
+            Workload::Message => "message",
         }
     }
 
@@ -67,6 +106,8 @@ impl Workload {
             Workload::Saga => 1,
             Workload::SagaCompensate => 2,
             Workload::SagaRows => 3,
+            // PrepareMessage, the local commit, SubmitMessage.
+            Workload::Message => 3,
         }
     }
 
@@ -79,6 +120,8 @@ impl Workload {
             Workload::TccCommit | Workload::TccRollback | Workload::TccRows => 7,
             Workload::Saga | Workload::SagaRows => 3,
             Workload::SagaCompensate => 4,
+            // PrepareMessage, SubmitMessage, Wait, two deliveries.
+            Workload::Message => 5,
         }
     }
 
@@ -88,6 +131,7 @@ impl Workload {
         match self {
             Workload::TccRows => 4,
             Workload::SagaRows => 2,
+            Workload::Message => 1,
             _ => 0,
         }
     }
@@ -103,6 +147,7 @@ impl Workload {
             Workload::SagaRows => {
                 saga(coordinator, &targets.rows, [ROWS_SAGA, ROWS_SAGA], true).await
             }
+            Workload::Message => message(coordinator, targets).await,
         }
     }
 }
@@ -190,5 +235,26 @@ async fn saga(
             outcome.0.xid,
             outcome.status().as_str_name()
         ))
+    }
+}
+
+/// A message delivered to the no-op participant twice (sequentially, like the saga's steps),
+/// its check-backs answered by the rows participant on the business database.
+async fn message(c: &Coordinator, targets: &Targets) -> Result<(), String> {
+    let xid = uuid::Uuid::new_v4().to_string();
+    let message = c
+        .message(&targets.rows, CHECK_BACK)
+        .xid(&xid)
+        .branch(MessageBranch::new("m1", &targets.noop, NOOP).payload(b"bench".to_vec()))
+        .branch(
+            MessageBranch::new("m2", &targets.noop, NOOP)
+                .payload(b"bench".to_vec())
+                .after(["m1"]),
+        );
+    targets.local.do_and_submit(message).await?;
+    let done = c.wait(&xid, TIMEOUT).await.map_err(|e| e.to_string())?;
+    match done.status() {
+        TxStatus::Committed => Ok(()),
+        s => Err(format!("{xid} ended {}", s.as_str_name())),
     }
 }

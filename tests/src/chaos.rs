@@ -51,7 +51,9 @@ use std::time::Duration;
 
 use dtx_proto::v1::TxStatus;
 use dtx_sdk::Error;
-use dtx_sdk::client::{Coordinator, RetryPolicy, SagaStep, TccBranch, TccOptions};
+use dtx_sdk::barrier;
+use dtx_sdk::client::{Coordinator, MessageBranch, RetryPolicy, SagaStep, TccBranch, TccOptions};
+use dtx_sql::sqlx::Pool;
 use dtx_sql::{Schema, SqlRow};
 use tokio::sync::{Mutex, Semaphore};
 use tonic::transport::Server;
@@ -60,7 +62,9 @@ use crate::coordinator::Process;
 use crate::db::{TestBackend, TestDb};
 use crate::ledger;
 use crate::net::{SplitLink, serve_on};
-use crate::participant::{Bank, CallRecord, FaultRates, Faults, payload};
+use crate::participant::{
+    Bank, CallRecord, DELIVER, FaultRates, Faults, ORDERS_CHECK_BACK, payload,
+};
 use dtx_sdk::barrier::Action;
 
 /// What to run.
@@ -419,6 +423,7 @@ pub struct ChaosReport {
     pub seed: u64,
     pub tcc: usize,
     pub saga: usize,
+    pub message: usize,
     pub coordinators: usize,
     /// The skewed instance's offset, if one ran.
     pub skew: Option<String>,
@@ -476,10 +481,11 @@ impl ChaosReport {
             .collect();
         classes.push(format!("run {}", self.count(None)));
         format!(
-            "chaos: {} tx ({} tcc, {} saga), {} coordinators{}, {} kills ({} aimed), {} faults, {} anomalies [{}] kinds [{}], {} lease-overlap notices (seed {}; {})",
-            self.tcc + self.saga,
+            "chaos: {} tx ({} tcc, {} saga, {} message), {} coordinators{}, {} kills ({} aimed), {} faults, {} anomalies [{}] kinds [{}], {} lease-overlap notices (seed {}; {})",
+            self.tcc + self.saga + self.message,
             self.tcc,
             self.saga,
+            self.message,
             self.coordinators,
             self.skew
                 .as_ref()
@@ -506,15 +512,33 @@ impl ChaosReport {
     }
 }
 
+/// What a planned transaction is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Shape {
+    Tcc,
+    Saga,
+    /// A two-phase message of the bank's: its local transaction debits `from`, its delivery
+    /// credits `to`; the initiator may die around its commit.
+    Message(Dies),
+}
+
+/// Where a message's initiator dies (silently: no abort, no submit).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Dies {
+    Never,
+    BeforeCommit,
+    AfterCommit,
+}
+
 #[derive(Debug, Clone)]
 struct Planned {
     xid: String,
-    saga: bool,
+    shape: Shape,
     from: String,
     to: String,
     amount: i64,
     coordinator: usize,
-    /// TCC: roll back on purpose instead of committing.
+    /// TCC: roll back on purpose instead of committing; message: its local transaction fails.
     rollback: bool,
     class: Class,
     /// The saga's or TCC transaction's deadline.
@@ -542,7 +566,18 @@ fn plan(cfg: &ChaosConfig, i: usize) -> Planned {
         classes.retain(|c| *c != Class::Skew);
     }
     let class = classes[((u("class") * classes.len() as f64) as usize).min(classes.len() - 1)];
-    let saga = u("kind") < 0.5 && class != Class::Reorder;
+    let shape = match u("kind") {
+        // Out-of-order deliveries are a TCC matter.
+        _ if class == Class::Reorder => Shape::Tcc,
+        k if k < 0.4 => Shape::Saga,
+        k if k < 0.6 => Shape::Message(match u("dies") {
+            d if d < 0.15 => Dies::BeforeCommit,
+            d if d < 0.3 => Dies::AfterCommit,
+            _ => Dies::Never,
+        }),
+        _ => Shape::Tcc,
+    };
+    let saga = shape == Shape::Saga;
     let coordinator = match (class, skewed(cfg)) {
         // Driven by the instances with the right clock, so the skewed one can only harm
         // them by taking over their live leases or deadlines.
@@ -557,7 +592,7 @@ fn plan(cfg: &ChaosConfig, i: usize) -> Planned {
     };
     Planned {
         xid: format!("chaos-{}-{i}", cfg.seed),
-        saga,
+        shape,
         from,
         to,
         amount: 1 + (u("amount") * 100.0) as i64,
@@ -604,14 +639,30 @@ struct ClientView {
     began: tokio::time::Instant,
     /// TCC: every Try succeeded and the client asked to commit.
     asked_commit: bool,
+    /// Message: the local transaction's commit returned (it committed); `None` if its
+    /// outcome is unknown (the commit failed, which may be after the fact).
+    local_committed: Option<bool>,
 }
 
 /// Runs one transaction through coordinator `client`; errors are expected under chaos and
 /// only logged - the checks look at what happened, not at what the client was told.
-async fn run_one(client: &Coordinator, bank: &str, p: &Planned) -> ClientView {
+async fn run_one<DB: TestBackend>(
+    client: &Coordinator,
+    bank: &str,
+    local: &Pool<DB>,
+    p: &Planned,
+) -> ClientView {
     let began = tokio::time::Instant::now();
     let asked_commit = AtomicBool::new(false);
-    let outcome: Result<(), Error> = if p.saga {
+    if let Shape::Message(dies) = p.shape {
+        let local_committed = run_message(client, bank, local, p, dies).await;
+        return ClientView {
+            began,
+            asked_commit: false,
+            local_committed,
+        };
+    }
+    let outcome: Result<(), Error> = if p.shape == Shape::Saga {
         let retry = RetryPolicy {
             max_attempts: 4,
             initial_backoff: Duration::from_millis(50),
@@ -664,6 +715,78 @@ async fn run_one(client: &Coordinator, bank: &str, p: &Planned) -> ClientView {
     ClientView {
         began,
         asked_commit: asked_commit.load(Ordering::Relaxed),
+        local_committed: None,
+    }
+}
+
+/// The bank's message `p` through `client`: its local transaction debits `p.from` on `local`,
+/// its delivery credits `p.to`. Whether the local transaction committed (`None`: unknown).
+async fn run_message<DB: TestBackend>(
+    client: &Coordinator,
+    bank: &str,
+    local: &Pool<DB>,
+    p: &Planned,
+    dies: Dies,
+) -> Option<bool> {
+    let retry = RetryPolicy {
+        initial_backoff: Duration::from_millis(50),
+        max_backoff: Duration::from_millis(500),
+        call_timeout: Duration::from_secs(1),
+        ..RetryPolicy::default()
+    };
+    let message = client
+        .message(bank, ORDERS_CHECK_BACK)
+        .xid(&p.xid)
+        .check_back_after(Duration::from_millis(500))
+        .retry(retry)
+        .branch(MessageBranch::new("m1", bank, DELIVER).payload(payload(&p.to, p.amount)));
+    let (from, amount, xid, fails) = (p.from.clone(), p.amount, p.xid.clone(), p.rollback);
+    if dies == Dies::Never {
+        let ran = message
+            .do_and_submit(local, move |conn: &mut DB::Conn| {
+                Box::pin(async move {
+                    ledger::apply(conn, &from, -amount, 0, &xid, "local", "local").await?;
+                    if fails {
+                        return Err(Error::Handler("the local transaction failed".into()));
+                    }
+                    Ok(())
+                })
+            })
+            .await;
+        return match ran {
+            Ok(_) => Some(true),
+            Err(Error::Handler(_) | Error::MessageDropped { .. }) => Some(false),
+            Err(e) => {
+                tracing::debug!(xid = %p.xid, error = %e, "client saw an error");
+                None
+            }
+        };
+    }
+    // The initiator prepares, runs its local transaction and dies around its commit.
+    let prepared = match message.prepare().await {
+        Ok(prepared) => prepared,
+        Err(e) => {
+            tracing::debug!(xid = %p.xid, error = %e, "prepare failed");
+            return Some(false);
+        }
+    };
+    let local_transaction = async {
+        let mut tx = DB::begin(local).await?;
+        barrier::prepare_message(DB::conn(&mut tx), prepared.branch_xid()).await?;
+        ledger::apply(DB::conn(&mut tx), &from, -amount, 0, &xid, "local", "local").await?;
+        match dies {
+            Dies::AfterCommit => tx.commit().await.map(|()| true),
+            _ => Ok(false), // dropped: rolled back, as the database does for a dead session
+        }
+        .map_err(Error::from)
+    };
+    match local_transaction.await {
+        Ok(committed) => Some(committed),
+        Err(Error::MessageDropped { .. }) => Some(false),
+        Err(e) => {
+            tracing::debug!(xid = %p.xid, error = %e, "the local transaction failed");
+            None
+        }
     }
 }
 
@@ -843,7 +966,14 @@ fn check_one(
     let row = |b: &str, action: &str| seen.row(b, action);
     let calls = &seen.calls;
     let mut broke = Vec::new();
-    let branches: [&str; 2] = if p.saga { ["s1", "s2"] } else { ["b1", "b2"] };
+    if let Shape::Message(_) = p.shape {
+        return check_message(status, view, seen);
+    }
+    let branches: [&str; 2] = if p.shape == Shape::Saga {
+        ["s1", "s2"]
+    } else {
+        ["b1", "b2"]
+    };
     let settled = matches!(
         status,
         TxStatus::Committed
@@ -859,7 +989,7 @@ fn check_one(
         ));
     }
     for b in branches {
-        if p.saga {
+        if p.shape == Shape::Saga {
             let (t, x) = (count(b, "action"), count(b, "compensate"));
             if t > x && status != TxStatus::Succeeded {
                 broke.push((
@@ -956,7 +1086,7 @@ fn check_one(
         }
     }
     // A TCC whose client committed is rolled back only by its deadline.
-    if !p.saga
+    if p.shape == Shape::Tcc
         && status == TxStatus::RolledBack
         && let Some(view) = view
         && view.asked_commit
@@ -980,6 +1110,60 @@ fn check_one(
     }
     for overlap in lease_overlaps(calls) {
         broke.push(("lease-overlap", overlap));
+    }
+    broke
+}
+
+/// What one message broke: delivered exactly when its local transaction committed - the debit
+/// and the credit both once, or neither.
+fn check_message(
+    status: TxStatus,
+    view: Option<&ClientView>,
+    seen: &Seen<'_>,
+) -> Vec<(&'static str, String)> {
+    let (debits, credits) = (seen.count("local", "local"), seen.count("m1", "action"));
+    let slot = seen.row(dtx_proto::MESSAGE_BRANCH, "message");
+    let committed = view.and_then(|v| v.local_committed);
+    let mut broke = Vec::new();
+    match status {
+        TxStatus::Committed => {
+            if (debits, credits) != (1, 1) {
+                broke.push((
+                    "effects",
+                    format!("delivered, but local debits/credits {debits}/{credits}"),
+                ));
+            }
+            if slot.is_none_or(|(by, _)| by != "message") {
+                broke.push((
+                    "barrier",
+                    format!("delivered, but the message's slot is {slot:?}"),
+                ));
+            }
+            if committed == Some(false) {
+                broke.push((
+                    "phantom-delivery",
+                    "delivered, yet its local transaction never committed".into(),
+                ));
+            }
+        }
+        TxStatus::RolledBack | TxStatus::Unspecified => {
+            if (debits, credits) != (0, 0) {
+                broke.push((
+                    "effects",
+                    format!("dropped, but local debits/credits {debits}/{credits}"),
+                ));
+            }
+            if committed == Some(true) {
+                broke.push((
+                    "lost-message",
+                    "its local transaction committed, the message was dropped".into(),
+                ));
+            }
+        }
+        other => broke.push((
+            "unsettled",
+            format!("not settled within the bound: {other:?}"),
+        )),
     }
     broke
 }
@@ -1162,12 +1346,13 @@ async fn run_bounded<DB: TestBackend>(mut cfg: ChaosConfig) -> Option<ChaosRepor
         }
         planned.push(p.clone());
         let (client, bank) = (clients[p.coordinator].clone(), bank.clone());
+        let local = bank_db.pool.clone();
         let abandon = match (&cfg.classes.abandon, p.class) {
             (Some(a), Class::Abandon) => Some((a.within, cfg.seed)),
             _ => None,
         };
         tasks.push(tokio::spawn(async move {
-            let view = run_one(&client, &bank, &p).await;
+            let view = run_one(&client, &bank, &local, &p).await;
             if let Some((within, seed)) = abandon {
                 abandoned_reads(&client, &p.xid, within, seed).await;
             }
@@ -1198,10 +1383,10 @@ async fn run_bounded<DB: TestBackend>(mut cfg: ChaosConfig) -> Option<ChaosRepor
     let settle_until = tokio::time::Instant::now() + cfg.settle_within;
     let mut statuses = HashMap::new();
     for p in &planned {
-        if p.saga {
-            report.saga += 1;
-        } else {
-            report.tcc += 1;
+        match p.shape {
+            Shape::Tcc => report.tcc += 1,
+            Shape::Saga => report.saga += 1,
+            Shape::Message(_) => report.message += 1,
         }
         *report.per_class.entry(p.class).or_default() += 1;
         let left = settle_until.saturating_duration_since(tokio::time::Instant::now());
@@ -1289,7 +1474,11 @@ async fn run_bounded<DB: TestBackend>(mut cfg: ChaosConfig) -> Option<ChaosRepor
                 text: format!(
                     "{} ({}, {:?}): {what}\n    history: {}",
                     p.xid,
-                    if p.saga { "saga" } else { "tcc" },
+                    match p.shape {
+                        Shape::Tcc => "tcc",
+                        Shape::Saga => "saga",
+                        Shape::Message(_) => "message",
+                    },
                     status,
                     history.join(" | ")
                 ),

@@ -234,10 +234,13 @@ impl Faults {
         self.injected.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    fn next(&self, xid: &str, branch: &str, action: Action) -> Option<Fault> {
+    fn next(&self, request: &BranchRequest, action: Action) -> Option<Fault> {
+        let (xid, branch) = (request.xid.as_str(), request.branch_id.as_str());
+        // A message's delivery has no business refusal: one parks the message for a person.
+        let refusable = action.is_forward() && request.handler != DELIVER;
         let fault = self
             .scripted(branch, action)
-            .or_else(|| self.drawn(xid, branch, action));
+            .or_else(|| self.drawn(xid, branch, action, refusable));
         if fault.is_some() {
             self.injected
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -255,7 +258,7 @@ impl Faults {
         None
     }
 
-    fn drawn(&self, xid: &str, branch: &str, action: Action) -> Option<Fault> {
+    fn drawn(&self, xid: &str, branch: &str, action: Action, refusable: bool) -> Option<Fault> {
         let (seed, r) = self.rates(xid)?;
         let attempt = self
             .attempts
@@ -295,7 +298,7 @@ impl Faults {
             Some(Fault::Duplicate)
         } else if forward && draw(r.late_forward) {
             Some(Fault::Delay(r.late_by))
-        } else if forward && draw(r.refuse_forward) {
+        } else if refusable && draw(r.refuse_forward) {
             Some(Fault::Refuse)
         } else if draw(r.slow) {
             Some(Fault::Delay(r.slow_by))
@@ -381,7 +384,7 @@ async fn effect<C: dtx_sql::Conn>(
     call: &BranchCall,
 ) -> Result<Reply, Box<dyn std::error::Error + Send + Sync>> {
     let (account, amount) = parse(&call.payload)?;
-    let inflow = matches!(call.handler.as_str(), "deposit" | "credit");
+    let inflow = matches!(call.handler.as_str(), "deposit" | "credit" | DELIVER);
     let (delta, held) = match (inflow, call.action) {
         (false, Action::Try) => (-amount, amount),
         (false, Action::Confirm) => (0, -amount),
@@ -449,6 +452,10 @@ fn ledger_handler<C: dtx_sql::Conn + 'static>(
     }
 }
 
+/// The bank's handler for message deliveries: a credit, which the random faults never refuse
+/// (a delivery that refuses parks its message for a person).
+pub const DELIVER: &str = "deliver";
+
 /// The handler answering the check-backs of the messages the bank's orders send.
 pub const ORDERS_CHECK_BACK: &str = "orders.check_back";
 
@@ -499,6 +506,11 @@ impl<DB: Backend> Bank<DB> {
             )
             .saga(
                 "credit",
+                ledger_handler(handler_faults.clone()),
+                ledger_handler(handler_faults.clone()),
+            )
+            .saga(
+                DELIVER,
                 ledger_handler(handler_faults.clone()),
                 ledger_handler(handler_faults.clone()),
             )
@@ -578,7 +590,7 @@ impl<DB: Backend> Participant for Bank<DB> {
             return self.deliver(request).await.map(Response::new);
         };
         let index = self.faults.arrived(&request, action, peer, false);
-        let fault = self.faults.next(&request.xid, &request.branch_id, action);
+        let fault = self.faults.next(&request, action);
         let sent = request.clone();
         let answer = match fault {
             Some(Fault::UnavailableBefore) => {
