@@ -16,7 +16,7 @@ use super::{Active, Engine, View, driver};
 use crate::domain::backoff::RetryPolicy;
 use crate::domain::graph::Graph;
 use crate::domain::job::{Job, Phase, StepRun};
-use crate::domain::saga::SagaPlan;
+use crate::domain::saga::{SagaPlan, Step};
 use crate::domain::{BranchRow, BranchState, Decision, GlobalRow, Kind, TxRecord};
 use crate::error::{Error, Result};
 
@@ -66,67 +66,22 @@ impl Engine {
                 let request = SubmitSagaRequest::decode(spec)
                     .map_err(|e| Error::Corrupt(format!("saga {:?} definition: {e}", g.xid)))?;
                 let plan = SagaPlan::from_request(&request)?;
-                let recorded: HashMap<&str, &BranchRow> = record
-                    .branches
-                    .iter()
-                    .map(|b| (b.branch_id.as_str(), b))
-                    .collect();
-                let steps = plan
-                    .steps
-                    .iter()
-                    .enumerate()
-                    .map(|(i, s)| {
-                        let row = recorded
-                            .get(s.name.as_str())
-                            .map(|r| (*r).clone())
-                            .unwrap_or_else(|| BranchRow {
-                                branch_id: s.name.clone(),
-                                seq: i as i64,
-                                target: s.target.clone(),
-                                handler: s.handler.clone(),
-                                ..BranchRow::default()
-                            });
-                        StepRun::new(
-                            row,
-                            s.action_payload.clone(),
-                            s.compensate_payload.clone(),
-                            s.headers.clone(),
-                            s.retry,
-                        )
-                    })
-                    .collect();
+                let steps = planned_steps(record, plan.steps, |s| {
+                    (s.action_payload, s.compensate_payload)
+                });
                 (plan.graph, steps)
             }
             Kind::Message => {
                 let plan = self.message_plan(g)?;
-                let recorded: HashMap<&str, &BranchRow> = record
-                    .branches
-                    .iter()
-                    .map(|b| (b.branch_id.as_str(), b))
-                    .collect();
+                // A delivery is the message's phase two: an action that is never undone.
+                let mut steps =
+                    planned_steps(record, plan.steps, |s| (Vec::new(), s.action_payload));
                 // A dropped message's deliveries never happen.
-                let dropped = phase == Phase::Settle(Decision::Rollback);
-                let steps = plan
-                    .steps
-                    .into_iter()
-                    .enumerate()
-                    .map(|(i, s)| {
-                        let mut row = recorded
-                            .get(s.name.as_str())
-                            .map(|r| (*r).clone())
-                            .unwrap_or_else(|| BranchRow {
-                                branch_id: s.name.clone(),
-                                seq: i as i64,
-                                target: s.target.clone(),
-                                handler: s.handler.clone(),
-                                ..BranchRow::default()
-                            });
-                        if dropped {
-                            row.state = BranchState::Skipped;
-                        }
-                        StepRun::new(row, Vec::new(), s.action_payload, s.headers, s.retry)
-                    })
-                    .collect();
+                if phase == Phase::Settle(Decision::Rollback) {
+                    for step in &mut steps {
+                        step.row.state = BranchState::Skipped;
+                    }
+                }
                 (plan.graph, steps)
             }
         };
@@ -179,4 +134,38 @@ impl Engine {
             .instrument(span),
         );
     }
+}
+
+/// The driver's steps of a planned definition (saga or message), each with the row recorded for
+/// it if any (else a fresh one in definition order); `payloads` gives each step's forward and
+/// phase-two payloads.
+fn planned_steps(
+    record: &TxRecord,
+    steps: Vec<Step>,
+    payloads: impl Fn(Step) -> (Vec<u8>, Vec<u8>),
+) -> Vec<StepRun> {
+    let recorded: HashMap<&str, &BranchRow> = record
+        .branches
+        .iter()
+        .map(|b| (b.branch_id.as_str(), b))
+        .collect();
+    steps
+        .into_iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let row = recorded
+                .get(s.name.as_str())
+                .map(|r| (*r).clone())
+                .unwrap_or_else(|| BranchRow {
+                    branch_id: s.name.clone(),
+                    seq: i as i64,
+                    target: s.target.clone(),
+                    handler: s.handler.clone(),
+                    ..BranchRow::default()
+                });
+            let (headers, retry) = (s.headers.clone(), s.retry);
+            let (forward, settle) = payloads(s);
+            StepRun::new(row, forward, settle, headers, retry)
+        })
+        .collect()
 }
