@@ -19,6 +19,8 @@ pub enum Schema {
     Barrier,
     /// The participant's general idempotency records.
     Idempotency,
+    /// The transactional outbox: events written with the business change, relayed to a broker.
+    Outbox,
 }
 
 impl Schema {
@@ -27,6 +29,7 @@ impl Schema {
             Schema::Coordinator => "dtx_migrations_coordinator",
             Schema::Barrier => "dtx_migrations_barrier",
             Schema::Idempotency => "dtx_migrations_idempotency",
+            Schema::Outbox => "dtx_migrations_outbox",
         }
     }
 }
@@ -37,12 +40,13 @@ fn with_table(mut migrator: Migrator, schema: Schema) -> Migrator {
 }
 
 macro_rules! migrators {
-    ($coordinator:literal, $barrier:literal, $idempotency:literal) => {
+    ($coordinator:literal, $barrier:literal, $idempotency:literal, $outbox:literal) => {
         |schema: Schema| -> Migrator {
             let migrator = match schema {
                 Schema::Coordinator => sqlx::migrate!($coordinator),
                 Schema::Barrier => sqlx::migrate!($barrier),
                 Schema::Idempotency => sqlx::migrate!($idempotency),
+                Schema::Outbox => sqlx::migrate!($outbox),
             };
             with_table(migrator, schema)
         }
@@ -140,7 +144,7 @@ macro_rules! backend {
 backend!(
     sqlx::Postgres,
     sqlx::PgConnection,
-    ("postgres/coordinator", "postgres/barrier", "postgres/idempotency"),
+    ("postgres/coordinator", "postgres/barrier", "postgres/idempotency", "postgres/outbox"),
     begin: |pool| pool.begin(),
     options: sqlx::postgres::PgConnectOptions => |o| o
 );
@@ -148,7 +152,7 @@ backend!(
 backend!(
     sqlx::MySql,
     sqlx::MySqlConnection,
-    ("mysql/coordinator", "mysql/barrier", "mysql/idempotency"),
+    ("mysql/coordinator", "mysql/barrier", "mysql/idempotency", "mysql/outbox"),
     // READ COMMITTED: no gap locks taken by the duplicate-key checks of concurrent inserts.
     // ROLLBACK first: a begin cancelled after the server started the transaction but before
     // sqlx recorded it returns the connection to the pool inside a transaction nobody owns,
@@ -162,7 +166,7 @@ backend!(
 backend!(
     sqlx::Sqlite,
     sqlx::SqliteConnection,
-    ("sqlite/coordinator", "sqlite/barrier", "sqlite/idempotency"),
+    ("sqlite/coordinator", "sqlite/barrier", "sqlite/idempotency", "sqlite/outbox"),
     // IMMEDIATE: take the write lock up front, so a transaction that reads before it writes
     // cannot fail with SQLITE_BUSY when it upgrades.
     begin: |pool| pool.begin_with("BEGIN IMMEDIATE"),

@@ -1,0 +1,188 @@
+//! Every statement the outbox runs, and the row it reads back.
+
+use std::collections::BTreeMap;
+
+use dtx_sql::{Arg, Conn, Sql, SqlRow, args, delete_limit};
+
+use crate::{Error, Event};
+
+const INSERT: &str = "INSERT INTO dtx_outbox (event_id, topic, msg_key, headers, payload, \
+     status, attempts, next_at, created_at) VALUES (?, ?, ?, ?, ?, 'PENDING', 0, ?, ?)";
+
+/// The oldest unsent row of each key that is due and not claimed: a later row of a key waits
+/// until every earlier one is sent (a parked one blocks its key), which keeps order per key.
+/// Rows another relay locked are skipped.
+const CLAIMABLE: Sql = Sql {
+    postgres: "SELECT o.id, o.event_id, o.topic, o.msg_key, o.headers, o.payload, o.attempts, \
+               o.created_at FROM dtx_outbox o \
+               WHERE o.status = 'PENDING' AND o.next_at <= ? \
+               AND (o.lease_until IS NULL OR o.lease_until < ?) \
+               AND NOT EXISTS (SELECT 1 FROM dtx_outbox e WHERE e.msg_key = o.msg_key \
+               AND e.id < o.id AND e.status <> 'SENT') \
+               ORDER BY o.id LIMIT ? FOR UPDATE SKIP LOCKED",
+    mysql: "SELECT o.id, o.event_id, o.topic, o.msg_key, o.headers, o.payload, o.attempts, \
+            o.created_at FROM dtx_outbox o \
+            WHERE o.status = 'PENDING' AND o.next_at <= ? \
+            AND (o.lease_until IS NULL OR o.lease_until < ?) \
+            AND NOT EXISTS (SELECT 1 FROM dtx_outbox e WHERE e.msg_key = o.msg_key \
+            AND e.id < o.id AND e.status <> 'SENT') \
+            ORDER BY o.id LIMIT ? FOR UPDATE SKIP LOCKED",
+    // One writer at a time (BEGIN IMMEDIATE): no other relay claims meanwhile.
+    sqlite: "SELECT o.id, o.event_id, o.topic, o.msg_key, o.headers, o.payload, o.attempts, \
+             o.created_at FROM dtx_outbox o \
+             WHERE o.status = 'PENDING' AND o.next_at <= ? \
+             AND (o.lease_until IS NULL OR o.lease_until < ?) \
+             AND NOT EXISTS (SELECT 1 FROM dtx_outbox e WHERE e.msg_key = o.msg_key \
+             AND e.id < o.id AND e.status <> 'SENT') \
+             ORDER BY o.id LIMIT ?",
+};
+
+const LEASE: &str = "UPDATE dtx_outbox SET lease_owner = ?, lease_until = ? WHERE id = ?";
+
+/// Whoever marks it first: a relay whose lease ran out may have published it too (the broker
+/// drops the duplicate by its message id).
+const SENT: &str = "UPDATE dtx_outbox SET status = 'SENT', sent_at = ?, lease_owner = NULL, \
+     lease_until = NULL WHERE id = ? AND status = 'PENDING'";
+
+/// A failed publish: due again at `next_at`, or parked once the attempts reach the limit. The
+/// status is assigned before `attempts` (MySQL reads assignments left to right).
+const FAILED: &str = "UPDATE dtx_outbox SET \
+     status = CASE WHEN attempts + 1 >= ? THEN 'PARKED' ELSE 'PENDING' END, \
+     attempts = attempts + 1, next_at = ?, last_error = ?, lease_owner = NULL, \
+     lease_until = NULL WHERE id = ? AND status = 'PENDING' AND lease_owner = ?";
+
+const REPUBLISH: &str = "UPDATE dtx_outbox SET status = 'PENDING', attempts = 0, next_at = ?, \
+     last_error = NULL WHERE event_id = ? AND status = 'PARKED'";
+
+pub(crate) const PURGE: Sql = delete_limit!(
+    from: "dtx_outbox",
+    where: "status = 'SENT' AND sent_at < ?",
+    order_by: "sent_at"
+);
+
+const WAITING: &str = "SELECT COUNT(*), MIN(created_at) FROM dtx_outbox WHERE status = 'PENDING'";
+
+const PARKED: &str = "SELECT COUNT(*) FROM dtx_outbox WHERE status = 'PARKED'";
+
+const STATUS: &str = "SELECT status, attempts, last_error FROM dtx_outbox WHERE event_id = ?";
+
+/// Longest `last_error` kept (the column's width).
+const MAX_ERROR: usize = 512;
+
+pub(crate) async fn insert<C: Conn>(
+    conn: &mut C,
+    event_id: &str,
+    topic: &str,
+    key: &str,
+    headers: &BTreeMap<String, String>,
+    payload: &[u8],
+    now: i64,
+) -> Result<(), Error> {
+    let headers = serde_json::to_vec(headers).expect("string maps encode");
+    conn.execute(
+        INSERT,
+        args![event_id, topic, key, &headers, payload, now, now],
+    )
+    .await?;
+    Ok(())
+}
+
+/// Claims up to `limit` due rows for `owner` until `lease_until`, in the caller's transaction.
+pub(crate) async fn claim<C: Conn>(
+    conn: &mut C,
+    owner: &str,
+    now: i64,
+    lease_until: i64,
+    limit: i64,
+) -> Result<Vec<Event>, Error> {
+    let rows = conn
+        .fetch_all(CLAIMABLE.pick(C::DIALECT), args![now, now, limit])
+        .await?;
+    let mut events = Vec::with_capacity(rows.len());
+    for row in rows {
+        let event = event(&row)?;
+        conn.execute(LEASE, args![owner, lease_until, event.id])
+            .await?;
+        events.push(event);
+    }
+    Ok(events)
+}
+
+fn event<R: SqlRow>(row: &R) -> Result<Event, Error> {
+    let headers = row.bytes(4)?;
+    let event_id = row.text(1)?;
+    Ok(Event {
+        id: row.i64(0)?,
+        headers: serde_json::from_slice(&headers)
+            .map_err(|e| Error::Corrupt(format!("headers of {event_id}: {e}")))?,
+        event_id,
+        topic: row.text(2)?,
+        key: row.text(3)?,
+        payload: row.bytes(5)?,
+        attempts: row.i64(6)?,
+        created_at: row.i64(7)?,
+    })
+}
+
+pub(crate) async fn sent<C: Conn>(conn: &mut C, id: i64, now: i64) -> Result<(), Error> {
+    conn.execute(SENT, args![now, id]).await?;
+    Ok(())
+}
+
+/// Records a failed publish; true if the row is parked now.
+pub(crate) async fn failed<C: Conn>(
+    conn: &mut C,
+    event: &Event,
+    owner: &str,
+    max_attempts: u32,
+    next_at: i64,
+    error: &str,
+) -> Result<bool, Error> {
+    let error = dtx_proto::present::reason(error);
+    let mut cut = error.len().min(MAX_ERROR);
+    while !error.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    let args: &[Arg] = args![
+        i64::from(max_attempts),
+        next_at,
+        &error[..cut],
+        event.id,
+        owner
+    ];
+    conn.execute(FAILED, args).await?;
+    Ok(event.attempts + 1 >= i64::from(max_attempts))
+}
+
+pub(crate) async fn republish<C: Conn>(
+    conn: &mut C,
+    event_id: &str,
+    now: i64,
+) -> Result<bool, Error> {
+    Ok(conn.execute(REPUBLISH, args![now, event_id]).await? == 1)
+}
+
+/// (rows waiting to be sent, the oldest one's `created_at`, rows parked).
+pub(crate) async fn backlog<C: Conn>(conn: &mut C) -> Result<(i64, Option<i64>, i64), Error> {
+    let waiting = conn.fetch_optional(WAITING, &[]).await?;
+    let (count, oldest) = match waiting {
+        Some(row) => (row.i64(0)?, row.opt_i64(1)?),
+        None => (0, None),
+    };
+    let parked = match conn.fetch_optional(PARKED, &[]).await? {
+        Some(row) => row.i64(0)?,
+        None => 0,
+    };
+    Ok((count, oldest, parked))
+}
+
+/// An event's (status, attempts, last error), if it exists.
+pub(crate) async fn status<C: Conn>(
+    conn: &mut C,
+    event_id: &str,
+) -> Result<Option<(String, i64, Option<String>)>, Error> {
+    let Some(row) = conn.fetch_optional(STATUS, args![event_id]).await? else {
+        return Ok(None);
+    };
+    Ok(Some((row.text(0)?, row.i64(1)?, row.opt_text(2)?)))
+}

@@ -1,0 +1,308 @@
+//! The transactional outbox relayed to the real NATS JetStream, on SQLite, PostgreSQL and
+//! MariaDB: events committed with their business transaction reach the stream exactly once
+//! (rolled-back ones never), in order per key, with two relays at once and with a relay that
+//! dies mid-batch (its rows are published again after its lease, and the stream drops the
+//! duplicates by `Nats-Msg-Id`); an event that cannot be published parks, holds back its key,
+//! and goes out once an operator republishes it.
+//!
+//! Every run uses its own stream and subjects (in memory, expiring), so runs never collide.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use async_nats::jetstream::{self, consumer, stream};
+use dtx_outbox::{Event, JetStream, Publisher, Relay, RelayConfig};
+use dtx_proto::backoff::Backoff;
+use dtx_sql::Schema;
+use dtx_sql::sqlx::Pool;
+use dtx_tests::db::{TestBackend, TestDb};
+use dtx_tests::idempotency::nats;
+use dtx_tests::test_on_all_databases;
+use futures::StreamExt;
+use futures::future::BoxFuture;
+
+const SCHEMAS: &[Schema] = &[Schema::Outbox];
+
+/// A stream capturing `<prefix>.>` for this run; returns it and the prefix.
+async fn stream_for_run(js: &jetstream::Context) -> (stream::Stream, String) {
+    let run = uuid::Uuid::new_v4().simple().to_string();
+    let prefix = format!("dtx.outbox.{run}");
+    let stream = js
+        .create_stream(stream::Config {
+            name: format!("DTX_OUTBOX_{run}"),
+            subjects: vec![format!("{prefix}.>")],
+            storage: stream::StorageType::Memory,
+            max_age: Duration::from_secs(600),
+            ..Default::default()
+        })
+        .await
+        .expect("create stream");
+    (stream, prefix)
+}
+
+/// Every message of `stream`: (Nats-Msg-Id, subject, payload), in stream order.
+async fn read_all(stream: &stream::Stream) -> Vec<(String, String, String)> {
+    let mut stream = stream.clone();
+    let count = stream.info().await.expect("stream info").state.messages as usize;
+    if count == 0 {
+        return Vec::new();
+    }
+    let reader = stream
+        .create_consumer(consumer::pull::Config {
+            ack_policy: consumer::AckPolicy::None,
+            ..Default::default()
+        })
+        .await
+        .expect("create reader");
+    let mut messages = reader
+        .fetch()
+        .max_messages(count)
+        .expires(Duration::from_secs(5))
+        .messages()
+        .await
+        .expect("fetch");
+    let mut out = Vec::new();
+    while let Some(message) = messages.next().await {
+        let message = message.expect("message");
+        let id = message
+            .headers
+            .as_ref()
+            .and_then(|h| h.get("Nats-Msg-Id"))
+            .map(|v| v.to_string())
+            .unwrap_or_default();
+        let payload = String::from_utf8(message.payload.to_vec()).unwrap();
+        out.push((id, message.subject.to_string(), payload));
+    }
+    out
+}
+
+/// Enqueues `payload` on `topic` with `key` in a transaction of its own, committed or not.
+async fn enqueue<DB: TestBackend>(
+    pool: &Pool<DB>,
+    topic: &str,
+    key: &str,
+    payload: &str,
+    commit: bool,
+) -> String {
+    let mut tx = DB::begin(pool).await.unwrap();
+    let headers = BTreeMap::from([("kind".to_string(), "test".to_string())]);
+    let id = dtx_outbox::enqueue(DB::conn(&mut tx), topic, key, &headers, payload.as_bytes())
+        .await
+        .unwrap();
+    if commit {
+        tx.commit().await.unwrap();
+    }
+    id
+}
+
+fn config(owner: &str) -> RelayConfig {
+    RelayConfig {
+        owner: owner.into(),
+        batch: 8,
+        lease: Duration::from_millis(500),
+        publish_timeout: Duration::from_secs(2),
+        poll: Duration::from_millis(10),
+        max_attempts: 3,
+        backoff: Backoff::new(Duration::from_millis(10), Duration::from_millis(40)),
+        retention: None,
+    }
+}
+
+/// Waits (20 s at most) until nothing waits in the outbox.
+async fn drained<DB: TestBackend>(pool: &Pool<DB>) {
+    for _ in 0..2000 {
+        if dtx_outbox::backlog(pool).await.unwrap().waiting == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!(
+        "the outbox did not drain: {:?}",
+        dtx_outbox::backlog(pool).await
+    );
+}
+
+/// Each key's payloads ("<key>:<n>") in the order the stream holds them must count up.
+fn assert_in_order_per_key(messages: &[(String, String, String)]) {
+    let mut last: HashMap<String, i64> = HashMap::new();
+    for (_, _, payload) in messages {
+        let (key, n) = payload.split_once(':').unwrap();
+        let n: i64 = n.parse().unwrap();
+        let before = last.insert(key.to_string(), n).unwrap_or(-1);
+        assert_eq!(n, before + 1, "{key}: {n} after {before}");
+    }
+}
+
+async fn two_relays_publish_each_committed_event_once_in_order<DB: TestBackend>(
+    db: &'static TestDb<DB>,
+) {
+    let Some(client) = nats().await else { return };
+    let js = jetstream::new(client);
+    let (stream, prefix) = stream_for_run(&js).await;
+    let topic = format!("{prefix}.orders");
+    let mut committed = Vec::new();
+    for n in 0..12 {
+        for key in ["k0", "k1", "k2", "k3", "k4"] {
+            committed.push(enqueue(&db.pool, &topic, key, &format!("{key}:{n}"), true).await);
+        }
+        // Rolled back: never published.
+        enqueue(&db.pool, &topic, "k0", "rolled-back:0", false).await;
+    }
+    let relays: Vec<_> = ["relay-a", "relay-b"]
+        .into_iter()
+        .map(|owner| {
+            let relay =
+                Relay::new(db.pool.clone(), JetStream::new(js.clone())).with_config(config(owner));
+            tokio::spawn(relay.run(std::future::pending()))
+        })
+        .collect();
+    drained(&db.pool).await;
+    for relay in relays {
+        relay.abort();
+    }
+    let messages = read_all(&stream).await;
+    let mut ids: Vec<&str> = messages.iter().map(|(id, _, _)| id.as_str()).collect();
+    ids.sort();
+    committed.sort();
+    assert_eq!(ids, committed, "each committed event once, nothing else");
+    assert_in_order_per_key(&messages);
+    for id in &committed {
+        let (status, attempts, _) = dtx_outbox::status(&db.pool, id).await.unwrap().unwrap();
+        assert_eq!((status.as_str(), attempts), ("SENT", 0));
+    }
+}
+
+/// Publishes, then never answers: a relay that dies after the broker took the event but
+/// before it marked the row sent.
+struct DiesAfterPublishing(JetStream);
+
+impl Publisher for DiesAfterPublishing {
+    fn publish<'a>(&'a self, event: &'a Event) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(async move {
+            self.0.publish(event).await?;
+            std::future::pending().await
+        })
+    }
+}
+
+async fn a_relay_dying_mid_batch_leaves_its_rows_to_another<DB: TestBackend>(
+    db: &'static TestDb<DB>,
+) {
+    let Some(client) = nats().await else { return };
+    let js = jetstream::new(client);
+    let (stream, prefix) = stream_for_run(&js).await;
+    let topic = format!("{prefix}.orders");
+    let mut committed = Vec::new();
+    for n in 0..5 {
+        for key in ["a", "b", "c"] {
+            committed.push(enqueue(&db.pool, &topic, key, &format!("{key}:{n}"), true).await);
+        }
+    }
+    // The first relay claims a batch, publishes it and dies before marking anything.
+    let dying = Relay::new(
+        db.pool.clone(),
+        DiesAfterPublishing(JetStream::new(js.clone())),
+    )
+    .with_config(config("dies"));
+    let round = tokio::spawn(async move { dying.round().await });
+    for _ in 0..500 {
+        if stream.clone().info().await.unwrap().state.messages >= 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    round.abort();
+    assert_eq!(dtx_outbox::backlog(&db.pool).await.unwrap().waiting, 15);
+
+    // After its lease the second relay publishes everything, the dead one's rows again.
+    let relay =
+        Relay::new(db.pool.clone(), JetStream::new(js.clone())).with_config(config("survivor"));
+    let survivor = tokio::spawn(relay.run(std::future::pending()));
+    drained(&db.pool).await;
+    survivor.abort();
+    let messages = read_all(&stream).await;
+    let mut ids: Vec<&str> = messages.iter().map(|(id, _, _)| id.as_str()).collect();
+    ids.sort();
+    committed.sort();
+    assert_eq!(
+        ids, committed,
+        "the stream dropped the re-published duplicates"
+    );
+    assert_in_order_per_key(&messages);
+}
+
+async fn an_unpublishable_event_parks_and_holds_its_key_until_republished<DB: TestBackend>(
+    db: &'static TestDb<DB>,
+) {
+    let Some(client) = nats().await else { return };
+    let js = jetstream::new(client);
+    let (stream, prefix) = stream_for_run(&js).await;
+    // No stream captures this topic: JetStream refuses every publish to it.
+    let run = uuid::Uuid::new_v4().simple().to_string();
+    let nowhere = format!("dtx.nowhere.{run}");
+    let stuck = enqueue(&db.pool, &nowhere, "k", "k:0", true).await;
+    let behind = enqueue(&db.pool, &format!("{prefix}.orders"), "k", "k:1", true).await;
+    let other = enqueue(&db.pool, &format!("{prefix}.orders"), "j", "j:0", true).await;
+    let relay = Relay::new(db.pool.clone(), JetStream::new(js.clone())).with_config(config("r"));
+    let running = tokio::spawn(relay.run(std::future::pending()));
+    let mut parked = None;
+    for _ in 0..1000 {
+        let status = dtx_outbox::status(&db.pool, &stuck).await.unwrap().unwrap();
+        if status.0 == "PARKED" {
+            parked = Some(status);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let (_, attempts, error) = parked.expect("the event parked");
+    assert_eq!(attempts, 3);
+    assert!(
+        error.is_some_and(|e| e.contains(&nowhere)),
+        "names the topic"
+    );
+    let backlog = dtx_outbox::backlog(&db.pool).await.unwrap();
+    assert_eq!((backlog.waiting, backlog.parked), (1, 1), "{backlog:?}");
+    let status = |id| dtx_outbox::status(&db.pool, id);
+    assert_eq!(
+        status(&other).await.unwrap().unwrap().0,
+        "SENT",
+        "other keys go on"
+    );
+    assert_eq!(
+        status(&behind).await.unwrap().unwrap().0,
+        "PENDING",
+        "its key waits"
+    );
+
+    // The operator makes the topic publishable and republishes: both go out, in order.
+    js.create_stream(stream::Config {
+        name: format!("DTX_NOWHERE_{run}"),
+        subjects: vec![nowhere.clone()],
+        storage: stream::StorageType::Memory,
+        max_age: Duration::from_secs(600),
+        ..Default::default()
+    })
+    .await
+    .expect("create the missing stream");
+    assert!(dtx_outbox::republish(&db.pool, &stuck).await.unwrap());
+    assert!(
+        !dtx_outbox::republish(&db.pool, &stuck).await.unwrap(),
+        "once"
+    );
+    drained(&db.pool).await;
+    running.abort();
+    assert_eq!(status(&stuck).await.unwrap().unwrap().0, "SENT");
+    assert_eq!(status(&behind).await.unwrap().unwrap().0, "SENT");
+    let ids: Vec<String> = read_all(&stream).await.into_iter().map(|m| m.0).collect();
+    assert_eq!(ids, [other, behind]);
+}
+
+test_on_all_databases!(
+    two_relays_publish_each_committed_event_once_in_order,
+    SCHEMAS
+);
+test_on_all_databases!(a_relay_dying_mid_batch_leaves_its_rows_to_another, SCHEMAS);
+test_on_all_databases!(
+    an_unpublishable_event_parks_and_holds_its_key_until_republished,
+    SCHEMAS
+);
