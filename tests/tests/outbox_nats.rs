@@ -3,7 +3,8 @@
 //! (rolled-back ones never), in order per key, with two relays at once and with a relay that
 //! dies mid-batch (its rows are published again after its lease, and the stream drops the
 //! duplicates by `Nats-Msg-Id`); an event that cannot be published parks, holds back its key,
-//! and goes out once an operator republishes it.
+//! and goes out once an operator republishes it; a consumer applies each event once through the
+//! idempotency records although JetStream delivers one of them twice.
 //!
 //! Every run uses its own stream and subjects (in memory, expiring), so runs never collide.
 
@@ -297,9 +298,113 @@ async fn an_unpublishable_event_parks_and_holds_its_key_until_republished<DB: Te
     assert_eq!(ids, [other, behind]);
 }
 
+/// Relayed events applied by a consumer through the idempotency records' consumer helper: its
+/// first handling of one event commits but the ack is withheld (the consumer "crashed" before
+/// acking), so JetStream delivers it again - and the effect still happens once per event.
+async fn a_consumer_applies_each_relayed_event_once<DB: TestBackend>(db: &'static TestDb<DB>) {
+    use dtx_sdk::idempotency::consumer::{Consumer, Delivery};
+    use dtx_sdk::idempotency::{Idempotency, RequestHash};
+    use dtx_sql::{Conn, args};
+    let Some(client) = nats().await else { return };
+    dtx_tests::idempotency::create_tables(&db.pool).await;
+    let js = jetstream::new(client);
+    let (stream, prefix) = stream_for_run(&js).await;
+    let topic = format!("{prefix}.credits");
+    let mut events = Vec::new();
+    for n in 0..10 {
+        let key = format!("acct{}", n % 3);
+        events.push(enqueue(&db.pool, &topic, &key, &format!("{key}:{n}"), true).await);
+    }
+    let relay = Relay::new(db.pool.clone(), JetStream::new(js.clone())).with_config(config("r"));
+    let relaying = tokio::spawn(relay.run(std::future::pending()));
+    let pull = stream
+        .create_consumer(consumer::pull::Config {
+            durable_name: Some("credits".into()),
+            ack_policy: consumer::AckPolicy::Explicit,
+            ack_wait: Duration::from_millis(300),
+            ..Default::default()
+        })
+        .await
+        .expect("create consumer");
+    let helper = Consumer::new(Idempotency::new(db.pool.clone()), "credits", 1).unwrap();
+    let mut messages = pull.messages().await.expect("messages");
+    let (mut withheld, mut duplicates, mut processed) = (false, 0, 0);
+    while processed < events.len() {
+        let message = tokio::time::timeout(Duration::from_secs(20), messages.next())
+            .await
+            .expect("a message within 20 s")
+            .unwrap()
+            .unwrap();
+        let headers = message.headers.as_ref().unwrap();
+        let event_id = headers.get("Nats-Msg-Id").unwrap().to_string();
+        let content = RequestHash::of_bytes(&message.payload);
+        let delivery = helper
+            .handle(&event_id, &content, |conn: &mut DB::Conn| {
+                let event_id = event_id.clone();
+                Box::pin(async move {
+                    conn.execute(
+                        "INSERT INTO credits (event_id, account, amount) VALUES (?, ?, ?)",
+                        args![event_id.as_str(), "acct", 1i64],
+                    )
+                    .await?;
+                    Ok(())
+                })
+            })
+            .await
+            .unwrap();
+        match delivery {
+            Delivery::Processed => processed += 1,
+            Delivery::Duplicate => duplicates += 1,
+            other => panic!("{event_id}: {other:?}"),
+        }
+        if !withheld && delivery == Delivery::Processed {
+            withheld = true; // committed, never acked: redelivered after ack_wait
+            continue;
+        }
+        message.ack().await.unwrap();
+    }
+    // The withheld one comes back once more before it is acknowledged.
+    while duplicates == 0 {
+        let message = tokio::time::timeout(Duration::from_secs(5), messages.next())
+            .await
+            .expect("the withheld event is redelivered")
+            .unwrap()
+            .unwrap();
+        let event_id = message
+            .headers
+            .as_ref()
+            .unwrap()
+            .get("Nats-Msg-Id")
+            .unwrap()
+            .to_string();
+        let content = RequestHash::of_bytes(&message.payload);
+        let delivery = helper
+            .handle(&event_id, &content, |_conn: &mut DB::Conn| {
+                Box::pin(async { panic!("a duplicate must not run the handler") })
+            })
+            .await
+            .unwrap();
+        assert_eq!(delivery, Delivery::Duplicate, "{event_id}");
+        duplicates += 1;
+        message.ack().await.unwrap();
+    }
+    relaying.abort();
+    for id in &events {
+        assert_eq!(
+            dtx_tests::idempotency::credits_for(&db.pool, id).await,
+            1,
+            "{id}"
+        );
+    }
+}
+
 test_on_all_databases!(
     two_relays_publish_each_committed_event_once_in_order,
     SCHEMAS
+);
+test_on_all_databases!(
+    a_consumer_applies_each_relayed_event_once,
+    &[Schema::Outbox, Schema::Idempotency]
 );
 test_on_all_databases!(a_relay_dying_mid_batch_leaves_its_rows_to_another, SCHEMAS);
 test_on_all_databases!(
