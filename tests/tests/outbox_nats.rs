@@ -1,8 +1,8 @@
 //! The transactional outbox relayed to the real NATS JetStream, on SQLite, PostgreSQL and
 //! MariaDB: events committed with their business transaction reach the stream exactly once
 //! (rolled-back ones never), in order per key, with two relays at once and with a relay that
-//! dies mid-batch (its rows are published again after its lease, and the stream drops the
-//! duplicates by `Nats-Msg-Id`); an event that cannot be published parks, holds back its key,
+//! dies mid-batch - in this process, and a relay process SIGKILLed - (its rows are published
+//! again after its lease, and the stream drops the duplicates by `Nats-Msg-Id`); an event that cannot be published parks, holds back its key,
 //! and goes out once an operator republishes it; a consumer applies each event once through the
 //! idempotency records although JetStream delivers one of them twice.
 //!
@@ -298,6 +298,55 @@ async fn an_unpublishable_event_parks_and_holds_its_key_until_republished<DB: Te
     assert_eq!(ids, [other, behind]);
 }
 
+/// A relay process SIGKILLed between JetStream's acknowledgement and its update of the row: a
+/// relay started afterwards publishes the killed one's rows again once its lease ran out, and
+/// the stream keeps each event once.
+async fn a_relay_process_killed_mid_batch<DB: TestBackend>(db: &'static TestDb<DB>) {
+    use tokio::io::{AsyncBufReadExt, BufReader};
+    let Some(client) = nats().await else { return };
+    let js = jetstream::new(client);
+    let (stream, prefix) = stream_for_run(&js).await;
+    let topic = format!("{prefix}.orders");
+    let mut committed = Vec::new();
+    for n in 0..4 {
+        for key in ["a", "b", "c", "d"] {
+            committed.push(enqueue(&db.pool, &topic, key, &format!("{key}:{n}"), true).await);
+        }
+    }
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+        .args([
+            "--db",
+            &db.url,
+            "--nats",
+            &dtx_tests::idempotency::nats_url(),
+        ])
+        .args(["--lease-ms", "500", "--hold-ms", "30000"])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start the relay process");
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let first = tokio::time::timeout(Duration::from_secs(30), lines.next_line()).await;
+    assert!(
+        matches!(&first, Ok(Ok(Some(line))) if line.starts_with("published ")),
+        "the relay process published nothing: {first:?}"
+    );
+    child.kill().await.expect("SIGKILL the relay");
+    assert_eq!(dtx_outbox::backlog(&db.pool).await.unwrap().waiting, 16);
+
+    let relay =
+        Relay::new(db.pool.clone(), JetStream::new(js.clone())).with_config(config("after"));
+    let running = tokio::spawn(relay.run(std::future::pending()));
+    drained(&db.pool).await;
+    running.abort();
+    let messages = read_all(&stream).await;
+    let mut ids: Vec<&str> = messages.iter().map(|(id, _, _)| id.as_str()).collect();
+    ids.sort();
+    committed.sort();
+    assert_eq!(ids, committed, "each event once across the kill");
+    assert_in_order_per_key(&messages);
+}
+
 /// Relayed events applied by a consumer through the idempotency records' consumer helper: its
 /// first handling of one event commits but the ack is withheld (the consumer "crashed" before
 /// acking), so JetStream delivers it again - and the effect still happens once per event.
@@ -411,3 +460,4 @@ test_on_all_databases!(
     an_unpublishable_event_parks_and_holds_its_key_until_republished,
     SCHEMAS
 );
+test_on_all_databases!(a_relay_process_killed_mid_batch, SCHEMAS);
