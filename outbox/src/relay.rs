@@ -126,17 +126,20 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
             futures::future::join_all(events.iter().map(|event| self.publish(event))).await;
         let mut conn = self.pool.acquire().await?;
         let conn = DB::pooled(&mut conn);
+        let mut sent = Vec::with_capacity(events.len());
         for (event, outcome) in events.iter().zip(published) {
             match outcome {
-                Ok(()) => {
-                    let now = dtx_sql::now_ms();
-                    sql::sent(conn, event.id, now).await?;
-                    counter!("dtx_outbox_published_total").increment(1);
-                    let lag = (now - event.created_at).max(0) as f64 / 1000.0;
-                    histogram!("dtx_outbox_lag_seconds").record(lag);
-                }
+                Ok(()) => sent.push(event),
                 Err(error) => self.failed(conn, event, &error).await?,
             }
+        }
+        let now = dtx_sql::now_ms();
+        let ids: Vec<i64> = sent.iter().map(|e| e.id).collect();
+        sql::sent(conn, &ids, now).await?;
+        counter!("dtx_outbox_published_total").increment(sent.len() as u64);
+        for event in sent {
+            let lag = (now - event.created_at).max(0) as f64 / 1000.0;
+            histogram!("dtx_outbox_lag_seconds").record(lag);
         }
         Ok(events.len())
     }

@@ -37,12 +37,13 @@ const CLAIMABLE: Sql = Sql {
              ORDER BY o.id LIMIT ?",
 };
 
-const LEASE: &str = "UPDATE dtx_outbox SET lease_owner = ?, lease_until = ? WHERE id = ?";
+/// `... WHERE id IN (` + one placeholder per claimed row + `)`.
+const LEASE: &str = "UPDATE dtx_outbox SET lease_owner = ?, lease_until = ? WHERE id IN (";
 
-/// Whoever marks it first: a relay whose lease ran out may have published it too (the broker
-/// drops the duplicate by its message id).
+/// Whoever marks them first: a relay whose lease ran out may have published them too (the
+/// broker drops the duplicate by its message id). Followed by the ids, as [`LEASE`].
 const SENT: &str = "UPDATE dtx_outbox SET status = 'SENT', sent_at = ?, lease_owner = NULL, \
-     lease_until = NULL WHERE id = ? AND status = 'PENDING'";
+     lease_until = NULL WHERE status = 'PENDING' AND id IN (";
 
 /// A failed publish: due again at `next_at`, or parked once the attempts reach the limit. The
 /// status is assigned before `attempts` (MySQL reads assignments left to right).
@@ -98,14 +99,26 @@ pub(crate) async fn claim<C: Conn>(
     let rows = conn
         .fetch_all(CLAIMABLE.pick(C::DIALECT), args![now, now, limit])
         .await?;
-    let mut events = Vec::with_capacity(rows.len());
-    for row in rows {
-        let event = event(&row)?;
-        conn.execute(LEASE, args![owner, lease_until, event.id])
+    let events = rows.iter().map(event).collect::<Result<Vec<_>, _>>()?;
+    if !events.is_empty() {
+        let ids: Vec<i64> = events.iter().map(|e| e.id).collect();
+        let mut all: Vec<Arg> = args![owner, lease_until].to_vec();
+        all.extend(ids.iter().map(|id| Arg::from(*id)));
+        conn.execute_dynamic(with_ids(LEASE, ids.len()), &all)
             .await?;
-        events.push(event);
     }
     Ok(events)
+}
+
+/// `statement` closed with `n` id placeholders (the text holds no input, only placeholders).
+fn with_ids(statement: &str, n: usize) -> String {
+    let mut sql = String::with_capacity(statement.len() + 3 * n);
+    sql.push_str(statement);
+    for i in 0..n {
+        sql.push_str(if i == 0 { "?" } else { ", ?" });
+    }
+    sql.push(')');
+    sql
 }
 
 fn event<R: SqlRow>(row: &R) -> Result<Event, Error> {
@@ -124,8 +137,15 @@ fn event<R: SqlRow>(row: &R) -> Result<Event, Error> {
     })
 }
 
-pub(crate) async fn sent<C: Conn>(conn: &mut C, id: i64, now: i64) -> Result<(), Error> {
-    conn.execute(SENT, args![now, id]).await?;
+/// Marks the rows `ids` sent, in one statement.
+pub(crate) async fn sent<C: Conn>(conn: &mut C, ids: &[i64], now: i64) -> Result<(), Error> {
+    if ids.is_empty() {
+        return Ok(());
+    }
+    let mut all: Vec<Arg> = args![now].to_vec();
+    all.extend(ids.iter().map(|id| Arg::from(*id)));
+    conn.execute_dynamic(with_ids(SENT, ids.len()), &all)
+        .await?;
     Ok(())
 }
 

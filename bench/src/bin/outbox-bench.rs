@@ -1,0 +1,284 @@
+//! The transactional outbox against JetStream: how many events per second one relay moves from
+//! the database to the stream while producers enqueue at full speed and a consumer keeps up,
+//! and the end-to-end latency (enqueue commit -> the consumer has it), beside the rate at which
+//! the same number of publishers reach the same stream directly (publish + ack) in the same
+//! run.
+//!
+//! ```text
+//! cargo run --release -p dtx-bench --bin dtx-outbox-bench -- --seconds 10 --producers 16
+//! ```
+
+#[path = "../stats.rs"]
+mod stats;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::{self, consumer, stream};
+use clap::Parser;
+use dtx_outbox::{JetStream, Relay, RelayConfig};
+use dtx_sql::{Backend, Dialect, sqlx};
+use futures::StreamExt;
+
+#[derive(Parser)]
+struct Args {
+    /// The database to create `dtx_bench_outbox` through (PostgreSQL or MySQL/MariaDB URL).
+    #[arg(
+        long,
+        env = "DTX_BENCH_POSTGRES_URL",
+        default_value = "postgres://postgres@127.0.0.1:5432/test"
+    )]
+    db: String,
+    #[arg(
+        long,
+        env = "DTX_TEST_NATS_URL",
+        default_value = "nats://127.0.0.1:4222"
+    )]
+    nats: String,
+    /// Concurrent producers (each a closed loop of one-event transactions), and as many direct
+    /// publishers in the baseline.
+    #[arg(long, default_value_t = 16)]
+    producers: usize,
+    /// Ordering keys the events spread over.
+    #[arg(long, default_value_t = 1024)]
+    keys: usize,
+    /// Measured seconds of each half.
+    #[arg(long, default_value_t = 10.0)]
+    seconds: f64,
+    /// Rows one relay round claims.
+    #[arg(long, default_value_t = 256)]
+    batch: i64,
+}
+
+type Error = Box<dyn std::error::Error + Send + Sync>;
+
+#[tokio::main]
+async fn main() -> Result<(), Error> {
+    let args = Args::parse();
+    match dtx_sql::dialect_of_url(&args.db) {
+        Some(Dialect::Postgres) => run::<sqlx::Postgres>(args).await,
+        Some(Dialect::MySql) => run::<sqlx::MySql>(args).await,
+        _ => Err(format!("--db {:?}: a postgres:// or mysql:// URL", args.db).into()),
+    }
+}
+
+async fn run<DB: Backend>(args: Args) -> Result<(), Error> {
+    let admin = DB::connect(&args.db, 2).await?;
+    DB::execute_script(&admin, "DROP DATABASE IF EXISTS dtx_bench_outbox".into()).await?;
+    DB::execute_script(&admin, "CREATE DATABASE dtx_bench_outbox".into()).await?;
+    let url = dtx_sql::with_database(&args.db, "dtx_bench_outbox");
+    let pool = DB::connect(&url, (args.producers + 4) as u32).await?;
+    dtx_outbox::migrate(&pool).await?;
+    let js = jetstream::new(async_nats::connect(args.nats.as_str()).await?);
+    let run = uuid::Uuid::new_v4().simple().to_string();
+    let prefix = format!("dtx.bench.{run}");
+    let stream = js
+        .create_stream(stream::Config {
+            name: format!("DTX_BENCH_{run}"),
+            subjects: vec![format!("{prefix}.>")],
+            storage: stream::StorageType::File,
+            max_age: Duration::from_secs(600),
+            ..Default::default()
+        })
+        .await?;
+    let window = Duration::from_secs_f64(args.seconds);
+
+    // Baseline: the producers publishing straight to the stream (publish, wait for the ack).
+    let published = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let mut direct = Vec::new();
+    for p in 0..args.producers {
+        let (js, published, subject) = (js.clone(), published.clone(), format!("{prefix}.direct"));
+        direct.push(tokio::spawn(async move {
+            let mut n = 0u64;
+            while started.elapsed() < window {
+                let id = format!("direct-{p}-{n}");
+                let mut headers = async_nats::HeaderMap::new();
+                headers.insert("Nats-Msg-Id", id.as_str());
+                let ack = js
+                    .publish_with_headers(subject.clone(), headers, "x".into())
+                    .await;
+                if ack.expect("publish").await.is_ok() {
+                    published.fetch_add(1, Ordering::Relaxed);
+                }
+                n += 1;
+            }
+        }));
+    }
+    for task in direct {
+        task.await?;
+    }
+    let direct_rate = published.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64();
+
+    // Keeping up: producers enqueue while one relay publishes and one consumer receives.
+    let live = Phase::start(&args, &pool, &js, &stream, &format!("{prefix}.live")).await?;
+    let produced = produce::<DB>(&args, &pool, &live.topic, window).await;
+    let (got, took, latency) = live.finish(produced).await;
+    println!(
+        "keeping up ({:?}, {} producers, {} keys, batch {}): enqueued {produced} \
+         ({:.0}/s) in {:.1} s, the consumer had them all after {:.1} s; end to end (enqueue \
+         commit -> consumer) p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
+        <DB::Conn as dtx_sql::Conn>::DIALECT,
+        args.producers,
+        args.keys,
+        args.batch,
+        produced as f64 / window.as_secs_f64(),
+        window.as_secs_f64(),
+        took.as_secs_f64(),
+        latency.p50_ms,
+        latency.p99_ms,
+        latency.max_ms,
+    );
+    check(got, produced)?;
+
+    // Capacity: a backlog enqueued first, then one relay drains it.
+    let topic = format!("{prefix}.backlog");
+    let produced = produce::<DB>(&args, &pool, &topic, window).await;
+    let drain = Phase::start(&args, &pool, &js, &stream, &topic).await?;
+    let (got, took, _) = drain.finish(produced).await;
+    let rate = got as f64 / took.as_secs_f64();
+    println!(
+        "one relay draining a backlog of {produced}: {rate:.0} events/s ({:.2}x the {direct_rate:.0}/s \
+         of {} publishers straight to the stream)",
+        stats::ratio(rate, direct_rate),
+        args.producers,
+    );
+    check(got, produced)?;
+    js.delete_stream(format!("DTX_BENCH_{run}")).await?;
+    pool.close().await;
+    DB::execute_script(&admin, "DROP DATABASE IF EXISTS dtx_bench_outbox".into()).await?;
+    Ok(())
+}
+
+fn check(got: u64, produced: u64) -> Result<(), Error> {
+    if got < produced {
+        return Err(format!("the consumer received {got} of {produced} events").into());
+    }
+    Ok(())
+}
+
+/// `args.producers` closed loops of one-event transactions on `topic` for `window` (payload:
+/// the enqueue time in Unix ms); how many committed.
+async fn produce<DB: Backend>(
+    args: &Args,
+    pool: &sqlx::Pool<DB>,
+    topic: &str,
+    window: Duration,
+) -> u64 {
+    let enqueued = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut producers = Vec::new();
+    for p in 0..args.producers {
+        let (pool, enqueued, stop, topic) = (
+            pool.clone(),
+            enqueued.clone(),
+            stop.clone(),
+            topic.to_string(),
+        );
+        let keys = args.keys;
+        producers.push(tokio::spawn(async move {
+            let headers = Default::default();
+            let mut n = 0usize;
+            while !stop.load(Ordering::Relaxed) {
+                let key = format!("k{}", (p * 7919 + n) % keys);
+                let mut tx = DB::begin(&pool).await.expect("begin");
+                let payload = dtx_sql::now_ms().to_string();
+                dtx_outbox::enqueue(
+                    DB::conn(&mut tx),
+                    &topic,
+                    &key,
+                    &headers,
+                    payload.as_bytes(),
+                )
+                .await
+                .expect("enqueue");
+                tx.commit().await.expect("commit");
+                enqueued.fetch_add(1, Ordering::Relaxed);
+                n += 1;
+            }
+        }));
+    }
+    tokio::time::sleep(window).await;
+    stop.store(true, Ordering::Relaxed);
+    for task in producers {
+        task.await.expect("producer");
+    }
+    enqueued.load(Ordering::Relaxed)
+}
+
+/// One relay and one consumer of `topic`, running.
+struct Phase {
+    topic: String,
+    started: Instant,
+    received: Arc<AtomicU64>,
+    latencies: Arc<std::sync::Mutex<Vec<u32>>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Phase {
+    async fn start<DB: Backend>(
+        args: &Args,
+        pool: &sqlx::Pool<DB>,
+        js: &jetstream::Context,
+        stream: &stream::Stream,
+        topic: &str,
+    ) -> Result<Phase, Error> {
+        let reader = stream
+            .create_consumer(consumer::pull::Config {
+                filter_subject: topic.to_string(),
+                ack_policy: consumer::AckPolicy::None,
+                ..Default::default()
+            })
+            .await?;
+        let received = Arc::new(AtomicU64::new(0));
+        let latencies = Arc::new(std::sync::Mutex::new(Vec::<u32>::new()));
+        let consumer = {
+            let (received, latencies) = (received.clone(), latencies.clone());
+            tokio::spawn(async move {
+                let mut messages = reader.messages().await.expect("consume");
+                while let Some(Ok(message)) = messages.next().await {
+                    let sent_ms: i64 = std::str::from_utf8(&message.payload)
+                        .ok()
+                        .and_then(|p| p.parse().ok())
+                        .unwrap_or(0);
+                    let micros = (dtx_sql::now_ms() - sent_ms).max(0) * 1000;
+                    latencies
+                        .lock()
+                        .unwrap()
+                        .push(micros.min(u32::MAX as i64) as u32);
+                    received.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        };
+        let relay = Relay::new(pool.clone(), JetStream::new(js.clone())).with_config(RelayConfig {
+            batch: args.batch,
+            poll: Duration::from_millis(5),
+            retention: None,
+            ..RelayConfig::default()
+        });
+        let relay = tokio::spawn(relay.run(std::future::pending()));
+        Ok(Phase {
+            topic: topic.to_string(),
+            started: Instant::now(),
+            received,
+            latencies,
+            tasks: vec![consumer, relay],
+        })
+    }
+
+    /// Waits (two minutes at most) until the consumer received `produced` events; what it
+    /// received, after how long since the start, and the end-to-end latencies.
+    async fn finish(self, produced: u64) -> (u64, Duration, stats::Latency) {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while self.received.load(Ordering::Relaxed) < produced && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        let took = self.started.elapsed();
+        for task in &self.tasks {
+            task.abort();
+        }
+        let latency = stats::latency(&mut self.latencies.lock().unwrap());
+        (self.received.load(Ordering::Relaxed), took, latency)
+    }
+}
