@@ -11,30 +11,29 @@ const INSERT: &str = "INSERT INTO dtx_outbox (event_id, topic, msg_key, headers,
 
 /// The oldest unsent row of each key that is due and not claimed: a later row of a key waits
 /// until every earlier one is sent (a parked one blocks its key), which keeps order per key.
+/// The candidates are the first due, unclaimed rows in id order (at most the second limit,
+/// walked on the `(status, id)` index), so a round costs the same however deep the backlog.
 /// Rows another relay locked are skipped.
+macro_rules! claimable {
+    ($lock:literal) => {
+        concat!(
+            "SELECT o.id, o.event_id, o.topic, o.msg_key, o.headers, o.payload, o.attempts, ",
+            "o.created_at FROM (SELECT id FROM dtx_outbox WHERE status = 'PENDING' ",
+            "AND next_at <= ? AND (lease_until IS NULL OR lease_until < ?) ",
+            "ORDER BY id LIMIT ?) c JOIN dtx_outbox o ON o.id = c.id ",
+            "WHERE NOT EXISTS (SELECT 1 FROM dtx_outbox e WHERE e.msg_key = o.msg_key ",
+            "AND e.status IN ('PENDING', 'PARKED') AND e.id < o.id) ",
+            "ORDER BY o.id LIMIT ?",
+            $lock
+        )
+    };
+}
+
 const CLAIMABLE: Sql = Sql {
-    postgres: "SELECT o.id, o.event_id, o.topic, o.msg_key, o.headers, o.payload, o.attempts, \
-               o.created_at FROM dtx_outbox o \
-               WHERE o.status = 'PENDING' AND o.next_at <= ? \
-               AND (o.lease_until IS NULL OR o.lease_until < ?) \
-               AND NOT EXISTS (SELECT 1 FROM dtx_outbox e WHERE e.msg_key = o.msg_key \
-               AND e.id < o.id AND e.status <> 'SENT') \
-               ORDER BY o.id LIMIT ? FOR UPDATE SKIP LOCKED",
-    mysql: "SELECT o.id, o.event_id, o.topic, o.msg_key, o.headers, o.payload, o.attempts, \
-            o.created_at FROM dtx_outbox o \
-            WHERE o.status = 'PENDING' AND o.next_at <= ? \
-            AND (o.lease_until IS NULL OR o.lease_until < ?) \
-            AND NOT EXISTS (SELECT 1 FROM dtx_outbox e WHERE e.msg_key = o.msg_key \
-            AND e.id < o.id AND e.status <> 'SENT') \
-            ORDER BY o.id LIMIT ? FOR UPDATE SKIP LOCKED",
+    postgres: claimable!(" FOR UPDATE OF o SKIP LOCKED"),
+    mysql: claimable!(" FOR UPDATE SKIP LOCKED"),
     // One writer at a time (BEGIN IMMEDIATE): no other relay claims meanwhile.
-    sqlite: "SELECT o.id, o.event_id, o.topic, o.msg_key, o.headers, o.payload, o.attempts, \
-             o.created_at FROM dtx_outbox o \
-             WHERE o.status = 'PENDING' AND o.next_at <= ? \
-             AND (o.lease_until IS NULL OR o.lease_until < ?) \
-             AND NOT EXISTS (SELECT 1 FROM dtx_outbox e WHERE e.msg_key = o.msg_key \
-             AND e.id < o.id AND e.status <> 'SENT') \
-             ORDER BY o.id LIMIT ?",
+    sqlite: claimable!(""),
 };
 
 /// `... WHERE id IN (` + one placeholder per claimed row + `)`.
@@ -97,7 +96,10 @@ pub(crate) async fn claim<C: Conn>(
     limit: i64,
 ) -> Result<Vec<Event>, Error> {
     let rows = conn
-        .fetch_all(CLAIMABLE.pick(C::DIALECT), args![now, now, limit])
+        .fetch_all(
+            CLAIMABLE.pick(C::DIALECT),
+            args![now, now, limit * 4, limit],
+        )
         .await?;
     let events = rows.iter().map(event).collect::<Result<Vec<_>, _>>()?;
     if !events.is_empty() {

@@ -28,7 +28,7 @@ CREATE TABLE IF NOT EXISTS dtx_outbox (
     created_at  BIGINT       NOT NULL,
     sent_at     BIGINT       NULL,
     UNIQUE KEY dtx_outbox_event (event_id),
-    KEY dtx_outbox_due (status, next_at),
-    KEY dtx_outbox_key (msg_key, id),
+    KEY dtx_outbox_pending (status, id),
+    KEY dtx_outbox_key (msg_key, status, id),
     KEY dtx_outbox_sent (sent_at)
 );

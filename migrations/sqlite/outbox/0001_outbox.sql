@@ -28,6 +28,6 @@ CREATE TABLE IF NOT EXISTS dtx_outbox (
     created_at  BIGINT       NOT NULL,
     sent_at     BIGINT       NULL
 );
-CREATE INDEX IF NOT EXISTS dtx_outbox_due ON dtx_outbox (status, next_at);
-CREATE INDEX IF NOT EXISTS dtx_outbox_key ON dtx_outbox (msg_key, id);
+CREATE INDEX IF NOT EXISTS dtx_outbox_pending ON dtx_outbox (status, id);
+CREATE INDEX IF NOT EXISTS dtx_outbox_key ON dtx_outbox (msg_key, status, id);
 CREATE INDEX IF NOT EXISTS dtx_outbox_sent ON dtx_outbox (sent_at);
