@@ -32,6 +32,8 @@
 mod error;
 #[cfg(feature = "nats")]
 mod jetstream;
+#[cfg(feature = "rabbitmq")]
+mod rabbitmq;
 mod relay;
 mod sql;
 
@@ -45,6 +47,8 @@ use futures::future::BoxFuture;
 pub use error::Error;
 #[cfg(feature = "nats")]
 pub use jetstream::JetStream;
+#[cfg(feature = "rabbitmq")]
+pub use rabbitmq::RabbitMq;
 pub use relay::{Relay, RelayConfig};
 
 /// Largest payload: NATS's default `max_payload` (1 MiB).

@@ -21,7 +21,12 @@ macro_rules! claimable {
             "o.created_at FROM (SELECT id FROM dtx_outbox WHERE status = 'PENDING' ",
             "AND next_at <= ? AND (lease_until IS NULL OR lease_until < ?) ",
             "ORDER BY id LIMIT ?) c JOIN dtx_outbox o ON o.id = c.id ",
-            "WHERE NOT EXISTS (SELECT 1 FROM dtx_outbox e WHERE e.msg_key = o.msg_key ",
+            // Again on the locked row itself: PostgreSQL re-checks only these conditions on a
+            // row another relay claimed and committed meanwhile (the subquery's snapshot is
+            // older), and MySQL evaluates them on the latest version it locks.
+            "WHERE o.status = 'PENDING' AND o.next_at <= ? ",
+            "AND (o.lease_until IS NULL OR o.lease_until < ?) ",
+            "AND NOT EXISTS (SELECT 1 FROM dtx_outbox e WHERE e.msg_key = o.msg_key ",
             "AND e.status IN ('PENDING', 'PARKED') AND e.id < o.id) ",
             "ORDER BY o.id LIMIT ?",
             $lock
@@ -98,7 +103,7 @@ pub(crate) async fn claim<C: Conn>(
     let rows = conn
         .fetch_all(
             CLAIMABLE.pick(C::DIALECT),
-            args![now, now, limit * 4, limit],
+            args![now, now, limit * 4, now, now, limit],
         )
         .await?;
     let events = rows.iter().map(event).collect::<Result<Vec<_>, _>>()?;

@@ -1,0 +1,327 @@
+//! The transactional outbox relayed to the real RabbitMQ (publisher confirms), on SQLite,
+//! PostgreSQL and MariaDB: two relays put each committed event on the queue once, in order per
+//! key; an event no queue takes (mandatory, returned) parks; and a relay that dies after the
+//! broker confirmed a batch makes the next relay publish it again - RabbitMQ keeps no
+//! de-duplication window, so the queue holds those events twice - while a consumer applying
+//! events through the idempotency records by their `message_id` still has each effect once,
+//! also when its own first handling is not acknowledged.
+//!
+//! RabbitMQ is found through `DTX_TEST_AMQP_URL` (default `amqp://guest:guest@127.0.0.1:5672/%2f`);
+//! unreachable, the test is skipped with a message, except under `CI=true`, where it fails.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use dtx_outbox::{Event, Publisher, RabbitMq, Relay, RelayConfig};
+use dtx_proto::backoff::Backoff;
+use dtx_sql::Schema;
+use dtx_sql::sqlx::Pool;
+use dtx_tests::db::{TestBackend, TestDb};
+use dtx_tests::test_on_all_databases;
+use futures::future::BoxFuture;
+use lapin::options::{BasicAckOptions, BasicGetOptions, BasicRejectOptions, QueueDeclareOptions};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{Channel, Connection, ConnectionProperties};
+
+const SCHEMAS: &[Schema] = &[Schema::Outbox];
+
+fn amqp_url() -> String {
+    std::env::var("DTX_TEST_AMQP_URL")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
+}
+
+/// A channel to RabbitMQ, or `None` (skipped) when it is unreachable outside CI.
+async fn rabbit() -> Option<Channel> {
+    let url = amqp_url();
+    let connected = tokio::time::timeout(
+        Duration::from_secs(5),
+        Connection::connect(&url, ConnectionProperties::default()),
+    )
+    .await;
+    match connected {
+        Ok(Ok(connection)) => Some(connection.create_channel().await.expect("a channel")),
+        other => {
+            let message = format!("RabbitMQ at {url} is unreachable: {other:?}");
+            if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
+                panic!("{message} (CI=true: RabbitMQ tests must not be skipped)");
+            }
+            eprintln!("SKIPPED: {message}");
+            None
+        }
+    }
+}
+
+/// A queue of this run (deleted by the broker a minute after its last use).
+async fn queue_for_run(channel: &Channel) -> String {
+    let name = format!("dtx.outbox.{}", uuid::Uuid::new_v4().simple());
+    let mut arguments = FieldTable::default();
+    arguments.insert("x-expires".into(), AMQPValue::LongUInt(60_000));
+    channel
+        .queue_declare(&name, QueueDeclareOptions::default(), arguments)
+        .await
+        .expect("declare the queue");
+    name
+}
+
+fn config(owner: &str) -> RelayConfig {
+    RelayConfig {
+        owner: owner.into(),
+        batch: 8,
+        lease: Duration::from_millis(500),
+        publish_timeout: Duration::from_secs(2),
+        poll: Duration::from_millis(10),
+        max_attempts: 3,
+        backoff: Backoff::new(Duration::from_millis(10), Duration::from_millis(40)),
+        retention: None,
+    }
+}
+
+async fn publisher(channel: &Channel) -> RabbitMq {
+    RabbitMq::new(channel.clone(), "")
+        .await
+        .expect("confirm mode")
+}
+
+async fn enqueue<DB: TestBackend>(
+    pool: &Pool<DB>,
+    topic: &str,
+    key: &str,
+    payload: &str,
+) -> String {
+    let mut tx = DB::begin(pool).await.unwrap();
+    let headers = BTreeMap::from([("kind".to_string(), "test".to_string())]);
+    let id = dtx_outbox::enqueue(DB::conn(&mut tx), topic, key, &headers, payload.as_bytes())
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    id
+}
+
+async fn drained<DB: TestBackend>(pool: &Pool<DB>) {
+    for _ in 0..2000 {
+        if dtx_outbox::backlog(pool).await.unwrap().waiting == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!(
+        "the outbox did not drain: {:?}",
+        dtx_outbox::backlog(pool).await
+    );
+}
+
+/// Takes every message of `queue`: (message_id, payload, kind header), acknowledged.
+async fn take_all(channel: &Channel, queue: &str) -> Vec<(String, String, String)> {
+    let mut out = Vec::new();
+    while let Some(message) = channel
+        .basic_get(queue, BasicGetOptions::default())
+        .await
+        .expect("basic.get")
+    {
+        let delivery = message.delivery;
+        let id = delivery
+            .properties
+            .message_id()
+            .clone()
+            .map(|s| s.to_string())
+            .unwrap_or_default();
+        let kind = delivery
+            .properties
+            .headers()
+            .as_ref()
+            .and_then(|h| h.inner().get("kind").cloned())
+            .map(|v| match v {
+                AMQPValue::LongString(s) => String::from_utf8_lossy(s.as_bytes()).into_owned(),
+                other => format!("{other:?}"),
+            })
+            .unwrap_or_default();
+        out.push((id, String::from_utf8(delivery.data.clone()).unwrap(), kind));
+        delivery.ack(BasicAckOptions::default()).await.expect("ack");
+    }
+    out
+}
+
+fn assert_in_order_per_key(messages: &[(String, String, String)]) {
+    let mut last: HashMap<String, i64> = HashMap::new();
+    for (_, payload, _) in messages {
+        let (key, n) = payload.split_once(':').unwrap();
+        let n: i64 = n.parse().unwrap();
+        let before = last.insert(key.to_string(), n).unwrap_or(-1);
+        assert!(n > before, "{key}: {n} after {before}");
+    }
+}
+
+async fn two_relays_put_each_committed_event_on_the_queue_once<DB: TestBackend>(
+    db: &'static TestDb<DB>,
+) {
+    let Some(channel) = rabbit().await else {
+        return;
+    };
+    let queue = queue_for_run(&channel).await;
+    let mut committed = Vec::new();
+    for n in 0..10 {
+        for key in ["k0", "k1", "k2"] {
+            committed.push(enqueue(&db.pool, &queue, key, &format!("{key}:{n}")).await);
+        }
+    }
+    let mut relays = Vec::new();
+    for owner in ["relay-a", "relay-b"] {
+        let relay =
+            Relay::new(db.pool.clone(), publisher(&channel).await).with_config(config(owner));
+        relays.push(tokio::spawn(relay.run(std::future::pending())));
+    }
+    drained(&db.pool).await;
+    for relay in relays {
+        relay.abort();
+    }
+    let messages = take_all(&channel, &queue).await;
+    let mut ids: Vec<&str> = messages.iter().map(|(id, _, _)| id.as_str()).collect();
+    ids.sort();
+    committed.sort();
+    assert_eq!(ids, committed);
+    assert!(
+        messages.iter().all(|(_, _, kind)| kind == "test"),
+        "headers travel"
+    );
+    assert_in_order_per_key(&messages);
+}
+
+async fn an_event_no_queue_takes_parks<DB: TestBackend>(db: &'static TestDb<DB>) {
+    let Some(channel) = rabbit().await else {
+        return;
+    };
+    let nowhere = format!("dtx.nowhere.{}", uuid::Uuid::new_v4().simple());
+    let stuck = enqueue(&db.pool, &nowhere, "k", "k:0").await;
+    let relay = Relay::new(db.pool.clone(), publisher(&channel).await).with_config(config("r"));
+    let running = tokio::spawn(relay.run(std::future::pending()));
+    let mut last = None;
+    for _ in 0..1000 {
+        last = dtx_outbox::status(&db.pool, &stuck).await.unwrap();
+        if last.as_ref().is_some_and(|s| s.0 == "PARKED") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    running.abort();
+    let (status, attempts, error) = last.unwrap();
+    assert_eq!((status.as_str(), attempts), ("PARKED", 3));
+    assert!(error.is_some_and(|e| e.contains("unroutable")), "says why");
+}
+
+/// Publishes (the broker confirmed it), then never answers: a relay that dies before it marks
+/// the row sent.
+struct DiesAfterPublishing(RabbitMq);
+
+impl Publisher for DiesAfterPublishing {
+    fn publish<'a>(&'a self, event: &'a Event) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(async move {
+            self.0.publish(event).await?;
+            std::future::pending().await
+        })
+    }
+}
+
+async fn a_consumer_applies_each_event_once_though_the_queue_holds_it_twice<DB: TestBackend>(
+    db: &'static TestDb<DB>,
+) {
+    use dtx_sdk::idempotency::consumer::{Consumer, Delivery};
+    use dtx_sdk::idempotency::{Idempotency, RequestHash};
+    use dtx_sql::{Conn, args};
+    let Some(channel) = rabbit().await else {
+        return;
+    };
+    dtx_tests::idempotency::create_tables(&db.pool).await;
+    let queue = queue_for_run(&channel).await;
+    let mut events = Vec::new();
+    for n in 0..6 {
+        let key = format!("acct{}", n % 2);
+        events.push(enqueue(&db.pool, &queue, &key, &format!("{key}:{n}")).await);
+    }
+    // A relay publishes a batch (confirmed) and dies before marking it; the next one publishes
+    // it again after the lease.
+    let dying = Relay::new(
+        db.pool.clone(),
+        DiesAfterPublishing(publisher(&channel).await),
+    )
+    .with_config(config("dies"));
+    let round = tokio::spawn(async move { dying.round().await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    round.abort();
+    let relay = Relay::new(db.pool.clone(), publisher(&channel).await).with_config(config("next"));
+    let running = tokio::spawn(relay.run(std::future::pending()));
+    drained(&db.pool).await;
+    running.abort();
+
+    let helper = Consumer::new(Idempotency::new(db.pool.clone()), "credits", 1).unwrap();
+    let (mut deliveries, mut duplicates, mut rejected) = (0, 0, false);
+    while let Some(message) = channel
+        .basic_get(&queue, BasicGetOptions::default())
+        .await
+        .expect("basic.get")
+    {
+        let delivery = message.delivery;
+        let event_id = delivery
+            .properties
+            .message_id()
+            .clone()
+            .unwrap()
+            .to_string();
+        let content = RequestHash::of_bytes(&delivery.data);
+        let outcome = helper
+            .handle(&event_id, &content, |conn: &mut DB::Conn| {
+                let event_id = event_id.clone();
+                Box::pin(async move {
+                    conn.execute(
+                        "INSERT INTO credits (event_id, account, amount) VALUES (?, ?, ?)",
+                        args![event_id.as_str(), "acct", 1i64],
+                    )
+                    .await?;
+                    Ok(())
+                })
+            })
+            .await
+            .unwrap();
+        deliveries += 1;
+        match outcome {
+            Delivery::Processed if !rejected => {
+                // Committed, then the consumer goes away without its ack: back on the queue.
+                rejected = true;
+                delivery
+                    .reject(BasicRejectOptions { requeue: true })
+                    .await
+                    .unwrap();
+                continue;
+            }
+            Delivery::Processed => {}
+            Delivery::Duplicate => duplicates += 1,
+            other => panic!("{event_id}: {other:?}"),
+        }
+        delivery.ack(BasicAckOptions::default()).await.unwrap();
+    }
+    assert!(
+        duplicates >= 2,
+        "the re-published and the rejected ones came twice: {duplicates}"
+    );
+    assert!(
+        deliveries > events.len(),
+        "{deliveries} deliveries of {} events",
+        events.len()
+    );
+    for id in &events {
+        assert_eq!(
+            dtx_tests::idempotency::credits_for(&db.pool, id).await,
+            1,
+            "{id}"
+        );
+    }
+}
+
+test_on_all_databases!(
+    two_relays_put_each_committed_event_on_the_queue_once,
+    SCHEMAS
+);
+test_on_all_databases!(an_event_no_queue_takes_parks, SCHEMAS);
+test_on_all_databases!(
+    a_consumer_applies_each_event_once_though_the_queue_holds_it_twice,
+    &[Schema::Outbox, Schema::Idempotency]
+);
