@@ -1,11 +1,12 @@
-//! The transactional outbox against JetStream: how many events per second one relay moves from
-//! the database to the stream while producers enqueue at full speed and a consumer keeps up,
-//! and the end-to-end latency (enqueue commit -> the consumer has it), beside the rate at which
-//! the same number of publishers reach the same stream directly (publish + ack) in the same
-//! run.
+//! The transactional outbox against JetStream or RabbitMQ: whether one relay keeps up with
+//! producers enqueueing at full speed (and the end-to-end latency, enqueue commit -> the
+//! consumer has it), how many events per second it moves draining a backlog, beside the rate
+//! at which the same number of publishers reach the same broker directly (each publish
+//! confirmed) in the same run.
 //!
 //! ```text
-//! cargo run --release -p dtx-bench --bin dtx-outbox-bench -- --seconds 10 --producers 16
+//! cargo run --release -p dtx-bench --bin dtx-outbox-bench -- --seconds 10 --broker nats
+//! cargo run --release -p dtx-bench --bin dtx-outbox-bench -- --seconds 10 --broker rabbitmq
 //! ```
 
 #[path = "../stats.rs"]
@@ -17,9 +18,10 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, consumer, stream};
 use clap::Parser;
-use dtx_outbox::{JetStream, Relay, RelayConfig};
+use dtx_outbox::{Event, JetStream, Publisher, RabbitMq, Relay, RelayConfig};
 use dtx_sql::{Backend, Dialect, sqlx};
 use futures::StreamExt;
+use futures::future::BoxFuture;
 
 #[derive(Parser)]
 struct Args {
@@ -49,6 +51,15 @@ struct Args {
     /// Rows one relay round claims.
     #[arg(long, default_value_t = 256)]
     batch: i64,
+    /// `nats` (JetStream, file storage) or `rabbitmq` (a durable queue, publisher confirms).
+    #[arg(long, default_value = "nats")]
+    broker: String,
+    #[arg(
+        long,
+        env = "DTX_TEST_AMQP_URL",
+        default_value = "amqp://guest:guest@127.0.0.1:5672/%2f"
+    )]
+    amqp: String,
 }
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
@@ -70,36 +81,34 @@ async fn run<DB: Backend>(args: Args) -> Result<(), Error> {
     let url = dtx_sql::with_database(&args.db, "dtx_bench_outbox");
     let pool = DB::connect(&url, (args.producers + 4) as u32).await?;
     dtx_outbox::migrate(&pool).await?;
-    let js = jetstream::new(async_nats::connect(args.nats.as_str()).await?);
-    let run = uuid::Uuid::new_v4().simple().to_string();
-    let prefix = format!("dtx.bench.{run}");
-    let stream = js
-        .create_stream(stream::Config {
-            name: format!("DTX_BENCH_{run}"),
-            subjects: vec![format!("{prefix}.>")],
-            storage: stream::StorageType::File,
-            max_age: Duration::from_secs(600),
-            ..Default::default()
-        })
-        .await?;
+    let broker = Broker::connect(&args).await?;
     let window = Duration::from_secs_f64(args.seconds);
 
-    // Baseline: the producers publishing straight to the stream (publish, wait for the ack).
+    // Baseline: the producers publishing straight to the broker (each publish confirmed).
+    let direct_topic = broker.topic("direct").await?;
     let published = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
     let mut direct = Vec::new();
     for p in 0..args.producers {
-        let (js, published, subject) = (js.clone(), published.clone(), format!("{prefix}.direct"));
+        let (publisher, published, topic) = (
+            broker.publisher().await?,
+            published.clone(),
+            direct_topic.clone(),
+        );
         direct.push(tokio::spawn(async move {
-            let mut n = 0u64;
+            let mut n = 0;
             while started.elapsed() < window {
-                let id = format!("direct-{p}-{n}");
-                let mut headers = async_nats::HeaderMap::new();
-                headers.insert("Nats-Msg-Id", id.as_str());
-                let ack = js
-                    .publish_with_headers(subject.clone(), headers, "x".into())
-                    .await;
-                if ack.expect("publish").await.is_ok() {
+                let event = Event {
+                    id: n,
+                    event_id: format!("direct-{p}-{n}"),
+                    topic: topic.clone(),
+                    key: String::new(),
+                    headers: Default::default(),
+                    payload: b"x".to_vec(),
+                    attempts: 0,
+                    created_at: 0,
+                };
+                if publisher.publish(&event).await.is_ok() {
                     published.fetch_add(1, Ordering::Relaxed);
                 }
                 n += 1;
@@ -112,13 +121,14 @@ async fn run<DB: Backend>(args: Args) -> Result<(), Error> {
     let direct_rate = published.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64();
 
     // Keeping up: producers enqueue while one relay publishes and one consumer receives.
-    let live = Phase::start(&args, &pool, &js, &stream, &format!("{prefix}.live")).await?;
+    let live = Phase::start(&args, &pool, &broker, &broker.topic("live").await?).await?;
     let produced = produce::<DB>(&args, &pool, &live.topic, window).await;
     let (got, took, latency) = live.finish(produced).await;
     println!(
-        "keeping up ({:?}, {} producers, {} keys, batch {}): enqueued {produced} \
+        "{} keeping up ({:?}, {} producers, {} keys, batch {}): enqueued {produced} \
          ({:.0}/s) in {:.1} s, the consumer had them all after {:.1} s; end to end (enqueue \
          commit -> consumer) p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
+        args.broker,
         <DB::Conn as dtx_sql::Conn>::DIALECT,
         args.producers,
         args.keys,
@@ -133,19 +143,20 @@ async fn run<DB: Backend>(args: Args) -> Result<(), Error> {
     check(got, produced)?;
 
     // Capacity: a backlog enqueued first, then one relay drains it.
-    let topic = format!("{prefix}.backlog");
+    let topic = broker.topic("backlog").await?;
     let produced = produce::<DB>(&args, &pool, &topic, window).await;
-    let drain = Phase::start(&args, &pool, &js, &stream, &topic).await?;
+    let drain = Phase::start(&args, &pool, &broker, &topic).await?;
     let (got, took, _) = drain.finish(produced).await;
     let rate = got as f64 / took.as_secs_f64();
     println!(
-        "one relay draining a backlog of {produced}: {rate:.0} events/s ({:.2}x the {direct_rate:.0}/s \
-         of {} publishers straight to the stream)",
+        "{} one relay draining a backlog of {produced}: {rate:.0} events/s ({:.2}x the \
+         {direct_rate:.0}/s of {} publishers straight to the broker)",
+        args.broker,
         stats::ratio(rate, direct_rate),
         args.producers,
     );
     check(got, produced)?;
-    js.delete_stream(format!("DTX_BENCH_{run}")).await?;
+    broker.clean_up().await;
     pool.close().await;
     DB::execute_script(&admin, "DROP DATABASE IF EXISTS dtx_bench_outbox".into()).await?;
     Ok(())
@@ -220,38 +231,28 @@ impl Phase {
     async fn start<DB: Backend>(
         args: &Args,
         pool: &sqlx::Pool<DB>,
-        js: &jetstream::Context,
-        stream: &stream::Stream,
+        broker: &Broker,
         topic: &str,
     ) -> Result<Phase, Error> {
-        let reader = stream
-            .create_consumer(consumer::pull::Config {
-                filter_subject: topic.to_string(),
-                ack_policy: consumer::AckPolicy::None,
-                ..Default::default()
-            })
-            .await?;
         let received = Arc::new(AtomicU64::new(0));
         let latencies = Arc::new(std::sync::Mutex::new(Vec::<u32>::new()));
-        let consumer = {
+        let record = {
             let (received, latencies) = (received.clone(), latencies.clone());
-            tokio::spawn(async move {
-                let mut messages = reader.messages().await.expect("consume");
-                while let Some(Ok(message)) = messages.next().await {
-                    let sent_ms: i64 = std::str::from_utf8(&message.payload)
-                        .ok()
-                        .and_then(|p| p.parse().ok())
-                        .unwrap_or(0);
-                    let micros = (dtx_sql::now_ms() - sent_ms).max(0) * 1000;
-                    latencies
-                        .lock()
-                        .unwrap()
-                        .push(micros.min(u32::MAX as i64) as u32);
-                    received.fetch_add(1, Ordering::Relaxed);
-                }
-            })
+            move |payload: &[u8]| {
+                let sent_ms: i64 = std::str::from_utf8(payload)
+                    .ok()
+                    .and_then(|p| p.parse().ok())
+                    .unwrap_or(0);
+                let micros = (dtx_sql::now_ms() - sent_ms).max(0) * 1000;
+                latencies
+                    .lock()
+                    .unwrap()
+                    .push(micros.min(u32::MAX as i64) as u32);
+                received.fetch_add(1, Ordering::Relaxed);
+            }
         };
-        let relay = Relay::new(pool.clone(), JetStream::new(js.clone())).with_config(RelayConfig {
+        let consumer = broker.consume(topic, record).await?;
+        let relay = Relay::new(pool.clone(), broker.publisher().await?).with_config(RelayConfig {
             batch: args.batch,
             poll: Duration::from_millis(5),
             retention: None,
@@ -280,5 +281,135 @@ impl Phase {
         }
         let latency = stats::latency(&mut self.latencies.lock().unwrap());
         (self.received.load(Ordering::Relaxed), took, latency)
+    }
+}
+
+/// The broker under test.
+enum Broker {
+    Nats {
+        js: jetstream::Context,
+        stream: stream::Stream,
+        run: String,
+    },
+    Rabbit {
+        channel: lapin::Channel,
+        run: String,
+    },
+}
+
+/// Either broker's publisher, for one relay type.
+enum AnyPublisher {
+    Nats(JetStream),
+    Rabbit(RabbitMq),
+}
+
+impl Publisher for AnyPublisher {
+    fn publish<'a>(&'a self, event: &'a Event) -> BoxFuture<'a, Result<(), String>> {
+        match self {
+            AnyPublisher::Nats(p) => p.publish(event),
+            AnyPublisher::Rabbit(p) => p.publish(event),
+        }
+    }
+}
+
+impl Broker {
+    async fn connect(args: &Args) -> Result<Broker, Error> {
+        let run = uuid::Uuid::new_v4().simple().to_string();
+        match args.broker.as_str() {
+            "nats" => {
+                let js = jetstream::new(async_nats::connect(args.nats.as_str()).await?);
+                let stream = js
+                    .create_stream(stream::Config {
+                        name: format!("DTX_BENCH_{run}"),
+                        subjects: vec![format!("dtx.bench.{run}.>")],
+                        storage: stream::StorageType::File,
+                        max_age: Duration::from_secs(600),
+                        ..Default::default()
+                    })
+                    .await?;
+                Ok(Broker::Nats { js, stream, run })
+            }
+            "rabbitmq" => {
+                let properties = lapin::ConnectionProperties::default();
+                let connection = lapin::Connection::connect(&args.amqp, properties).await?;
+                let channel = connection.create_channel().await?;
+                Ok(Broker::Rabbit { channel, run })
+            }
+            other => Err(format!("--broker {other:?}: nats or rabbitmq").into()),
+        }
+    }
+
+    /// A topic of this run named `name` (RabbitMQ: a durable queue of that name).
+    async fn topic(&self, name: &str) -> Result<String, Error> {
+        match self {
+            Broker::Nats { run, .. } => Ok(format!("dtx.bench.{run}.{name}")),
+            Broker::Rabbit { channel, run } => {
+                let queue = format!("dtx.bench.{run}.{name}");
+                let options = lapin::options::QueueDeclareOptions {
+                    durable: true,
+                    ..Default::default()
+                };
+                let mut arguments = lapin::types::FieldTable::default();
+                let expires = lapin::types::AMQPValue::LongUInt(600_000);
+                arguments.insert("x-expires".into(), expires);
+                channel.queue_declare(&queue, options, arguments).await?;
+                Ok(queue)
+            }
+        }
+    }
+
+    async fn publisher(&self) -> Result<AnyPublisher, Error> {
+        Ok(match self {
+            Broker::Nats { js, .. } => AnyPublisher::Nats(JetStream::new(js.clone())),
+            Broker::Rabbit { channel, .. } => {
+                AnyPublisher::Rabbit(RabbitMq::new(channel.clone(), "").await?)
+            }
+        })
+    }
+
+    /// Receives every message of `topic`, calling `record` with its payload.
+    async fn consume(
+        &self,
+        topic: &str,
+        record: impl Fn(&[u8]) + Send + 'static,
+    ) -> Result<tokio::task::JoinHandle<()>, Error> {
+        Ok(match self {
+            Broker::Nats { stream, .. } => {
+                let reader = stream
+                    .create_consumer(consumer::pull::Config {
+                        filter_subject: topic.to_string(),
+                        ack_policy: consumer::AckPolicy::None,
+                        ..Default::default()
+                    })
+                    .await?;
+                tokio::spawn(async move {
+                    let mut messages = reader.messages().await.expect("consume");
+                    while let Some(Ok(message)) = messages.next().await {
+                        record(&message.payload);
+                    }
+                })
+            }
+            Broker::Rabbit { channel, .. } => {
+                let options = lapin::options::BasicConsumeOptions {
+                    no_ack: true,
+                    ..Default::default()
+                };
+                let table = lapin::types::FieldTable::default();
+                let mut deliveries = channel
+                    .basic_consume(topic, "bench", options, table)
+                    .await?;
+                tokio::spawn(async move {
+                    while let Some(Ok(delivery)) = deliveries.next().await {
+                        record(&delivery.data);
+                    }
+                })
+            }
+        })
+    }
+
+    async fn clean_up(&self) {
+        if let Broker::Nats { js, run, .. } = self {
+            js.delete_stream(format!("DTX_BENCH_{run}")).await.ok();
+        }
     }
 }
