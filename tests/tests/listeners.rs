@@ -131,8 +131,11 @@ async fn huge_streamed_bodies_are_refused_early_and_memory_stays_bounded() {
         assert_eq!(status, 413, "{text}");
         assert!(text.contains("application/problem+json"), "{text}");
         assert!(text.contains("larger than the limit of"), "{text}");
+        // Early, not at the end: the sender only notices the answer after its writes drained
+        // into socket buffers, which on a loaded machine is some way past the limit (32 MiB
+        // was seen once), yet far from the 256 MiB body.
         assert!(
-            sent < 32 << 20,
+            sent < 64 << 20,
             "{} MiB were sent before the refusal",
             sent >> 20
         );

@@ -288,7 +288,7 @@ impl Phase {
 enum Broker {
     Nats {
         js: jetstream::Context,
-        stream: stream::Stream,
+        stream: Box<stream::Stream>,
         run: String,
     },
     Rabbit {
@@ -327,7 +327,11 @@ impl Broker {
                         ..Default::default()
                     })
                     .await?;
-                Ok(Broker::Nats { js, stream, run })
+                Ok(Broker::Nats {
+                    js,
+                    stream: Box::new(stream),
+                    run,
+                })
             }
             "rabbitmq" => {
                 let properties = lapin::ConnectionProperties::default();
