@@ -10,6 +10,7 @@ pub mod db;
 pub mod idempotency;
 pub mod ledger;
 pub mod net;
+pub mod outbox;
 pub mod participant;
 pub mod pki;
 pub mod python;

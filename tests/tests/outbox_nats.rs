@@ -8,19 +8,18 @@
 //!
 //! Every run uses its own stream and subjects (in memory, expiring), so runs never collide.
 
-use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use async_nats::jetstream::{self, consumer, stream};
-use dtx_outbox::{Event, JetStream, Publisher, Relay, RelayConfig};
-use dtx_proto::backoff::Backoff;
+use dtx_outbox::{JetStream, Relay};
 use dtx_sql::Schema;
-use dtx_sql::sqlx::Pool;
 use dtx_tests::db::{TestBackend, TestDb};
 use dtx_tests::idempotency::nats;
+use dtx_tests::outbox::{
+    DiesAfterPublishing, assert_in_order_per_key, config, credit, drained, enqueue,
+};
 use dtx_tests::test_on_all_databases;
 use futures::StreamExt;
-use futures::future::BoxFuture;
 
 const SCHEMAS: &[Schema] = &[Schema::Outbox];
 
@@ -77,63 +76,6 @@ async fn read_all(stream: &stream::Stream) -> Vec<(String, String, String)> {
     out
 }
 
-/// Enqueues `payload` on `topic` with `key` in a transaction of its own, committed or not.
-async fn enqueue<DB: TestBackend>(
-    pool: &Pool<DB>,
-    topic: &str,
-    key: &str,
-    payload: &str,
-    commit: bool,
-) -> String {
-    let mut tx = DB::begin(pool).await.unwrap();
-    let headers = BTreeMap::from([("kind".to_string(), "test".to_string())]);
-    let id = dtx_outbox::enqueue(DB::conn(&mut tx), topic, key, &headers, payload.as_bytes())
-        .await
-        .unwrap();
-    if commit {
-        tx.commit().await.unwrap();
-    }
-    id
-}
-
-fn config(owner: &str) -> RelayConfig {
-    RelayConfig {
-        owner: owner.into(),
-        batch: 8,
-        lease: Duration::from_millis(500),
-        publish_timeout: Duration::from_secs(2),
-        poll: Duration::from_millis(10),
-        max_attempts: 3,
-        backoff: Backoff::new(Duration::from_millis(10), Duration::from_millis(40)),
-        retention: None,
-    }
-}
-
-/// Waits (20 s at most) until nothing waits in the outbox.
-async fn drained<DB: TestBackend>(pool: &Pool<DB>) {
-    for _ in 0..2000 {
-        if dtx_outbox::backlog(pool).await.unwrap().waiting == 0 {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!(
-        "the outbox did not drain: {:?}",
-        dtx_outbox::backlog(pool).await
-    );
-}
-
-/// Each key's payloads ("<key>:<n>") in the order the stream holds them must count up.
-fn assert_in_order_per_key(messages: &[(String, String, String)]) {
-    let mut last: HashMap<String, i64> = HashMap::new();
-    for (_, _, payload) in messages {
-        let (key, n) = payload.split_once(':').unwrap();
-        let n: i64 = n.parse().unwrap();
-        let before = last.insert(key.to_string(), n).unwrap_or(-1);
-        assert_eq!(n, before + 1, "{key}: {n} after {before}");
-    }
-}
-
 async fn two_relays_publish_each_committed_event_once_in_order<DB: TestBackend>(
     db: &'static TestDb<DB>,
 ) {
@@ -166,23 +108,10 @@ async fn two_relays_publish_each_committed_event_once_in_order<DB: TestBackend>(
     ids.sort();
     committed.sort();
     assert_eq!(ids, committed, "each committed event once, nothing else");
-    assert_in_order_per_key(&messages);
+    assert_in_order_per_key(messages.iter().map(|m| m.2.as_str()));
     for id in &committed {
         let (status, attempts, _) = dtx_outbox::status(&db.pool, id).await.unwrap().unwrap();
         assert_eq!((status.as_str(), attempts), ("SENT", 0));
-    }
-}
-
-/// Publishes, then never answers: a relay that dies after the broker took the event but
-/// before it marked the row sent.
-struct DiesAfterPublishing(JetStream);
-
-impl Publisher for DiesAfterPublishing {
-    fn publish<'a>(&'a self, event: &'a Event) -> BoxFuture<'a, Result<(), String>> {
-        Box::pin(async move {
-            self.0.publish(event).await?;
-            std::future::pending().await
-        })
     }
 }
 
@@ -229,7 +158,7 @@ async fn a_relay_dying_mid_batch_leaves_its_rows_to_another<DB: TestBackend>(
         ids, committed,
         "the stream dropped the re-published duplicates"
     );
-    assert_in_order_per_key(&messages);
+    assert_in_order_per_key(messages.iter().map(|m| m.2.as_str()));
 }
 
 async fn an_unpublishable_event_parks_and_holds_its_key_until_republished<DB: TestBackend>(
@@ -344,7 +273,7 @@ async fn a_relay_process_killed_mid_batch<DB: TestBackend>(db: &'static TestDb<D
     ids.sort();
     committed.sort();
     assert_eq!(ids, committed, "each event once across the kill");
-    assert_in_order_per_key(&messages);
+    assert_in_order_per_key(messages.iter().map(|m| m.2.as_str()));
 }
 
 /// Relayed events applied by a consumer through the idempotency records' consumer helper: its
@@ -353,7 +282,6 @@ async fn a_relay_process_killed_mid_batch<DB: TestBackend>(db: &'static TestDb<D
 async fn a_consumer_applies_each_relayed_event_once<DB: TestBackend>(db: &'static TestDb<DB>) {
     use dtx_sdk::idempotency::consumer::{Consumer, Delivery};
     use dtx_sdk::idempotency::{Idempotency, RequestHash};
-    use dtx_sql::{Conn, args};
     let Some(client) = nats().await else { return };
     dtx_tests::idempotency::create_tables(&db.pool).await;
     let js = jetstream::new(client);
@@ -388,17 +316,7 @@ async fn a_consumer_applies_each_relayed_event_once<DB: TestBackend>(db: &'stati
         let event_id = headers.get("Nats-Msg-Id").unwrap().to_string();
         let content = RequestHash::of_bytes(&message.payload);
         let delivery = helper
-            .handle(&event_id, &content, |conn: &mut DB::Conn| {
-                let event_id = event_id.clone();
-                Box::pin(async move {
-                    conn.execute(
-                        "INSERT INTO credits (event_id, account, amount) VALUES (?, ?, ?)",
-                        args![event_id.as_str(), "acct", 1i64],
-                    )
-                    .await?;
-                    Ok(())
-                })
-            })
+            .handle(&event_id, &content, credit(&event_id))
             .await
             .unwrap();
         match delivery {

@@ -9,16 +9,15 @@
 //! RabbitMQ is found through `DTX_TEST_AMQP_URL` (default `amqp://guest:guest@127.0.0.1:5672/%2f`);
 //! unreachable, the test is skipped with a message, except under `CI=true`, where it fails.
 
-use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use dtx_outbox::{Event, Publisher, RabbitMq, Relay, RelayConfig};
-use dtx_proto::backoff::Backoff;
+use dtx_outbox::{RabbitMq, Relay};
 use dtx_sql::Schema;
-use dtx_sql::sqlx::Pool;
 use dtx_tests::db::{TestBackend, TestDb};
+use dtx_tests::outbox::{
+    DiesAfterPublishing, assert_in_order_per_key, config, credit, drained, enqueue,
+};
 use dtx_tests::test_on_all_databases;
-use futures::future::BoxFuture;
 use lapin::options::{BasicAckOptions, BasicGetOptions, BasicRejectOptions, QueueDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Channel, Connection, ConnectionProperties};
@@ -63,51 +62,10 @@ async fn queue_for_run(channel: &Channel) -> String {
     name
 }
 
-fn config(owner: &str) -> RelayConfig {
-    RelayConfig {
-        owner: owner.into(),
-        batch: 8,
-        lease: Duration::from_millis(500),
-        publish_timeout: Duration::from_secs(2),
-        poll: Duration::from_millis(10),
-        max_attempts: 3,
-        backoff: Backoff::new(Duration::from_millis(10), Duration::from_millis(40)),
-        retention: None,
-    }
-}
-
 async fn publisher(channel: &Channel) -> RabbitMq {
     RabbitMq::new(channel.clone(), "")
         .await
         .expect("confirm mode")
-}
-
-async fn enqueue<DB: TestBackend>(
-    pool: &Pool<DB>,
-    topic: &str,
-    key: &str,
-    payload: &str,
-) -> String {
-    let mut tx = DB::begin(pool).await.unwrap();
-    let headers = BTreeMap::from([("kind".to_string(), "test".to_string())]);
-    let id = dtx_outbox::enqueue(DB::conn(&mut tx), topic, key, &headers, payload.as_bytes())
-        .await
-        .unwrap();
-    tx.commit().await.unwrap();
-    id
-}
-
-async fn drained<DB: TestBackend>(pool: &Pool<DB>) {
-    for _ in 0..2000 {
-        if dtx_outbox::backlog(pool).await.unwrap().waiting == 0 {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!(
-        "the outbox did not drain: {:?}",
-        dtx_outbox::backlog(pool).await
-    );
 }
 
 /// Takes every message of `queue`: (message_id, payload, kind header), acknowledged.
@@ -141,16 +99,6 @@ async fn take_all(channel: &Channel, queue: &str) -> Vec<(String, String, String
     out
 }
 
-fn assert_in_order_per_key(messages: &[(String, String, String)]) {
-    let mut last: HashMap<String, i64> = HashMap::new();
-    for (_, payload, _) in messages {
-        let (key, n) = payload.split_once(':').unwrap();
-        let n: i64 = n.parse().unwrap();
-        let before = last.insert(key.to_string(), n).unwrap_or(-1);
-        assert!(n > before, "{key}: {n} after {before}");
-    }
-}
-
 async fn relays_put_each_committed_event_on_the_queue_once<DB: TestBackend>(
     db: &'static TestDb<DB>,
 ) {
@@ -161,7 +109,7 @@ async fn relays_put_each_committed_event_on_the_queue_once<DB: TestBackend>(
     let mut committed = Vec::new();
     for n in 0..10 {
         for key in ["k0", "k1", "k2", "k3", "k4", "k5"] {
-            committed.push(enqueue(&db.pool, &queue, key, &format!("{key}:{n}")).await);
+            committed.push(enqueue(&db.pool, &queue, key, &format!("{key}:{n}"), true).await);
         }
     }
     let mut relays = Vec::new();
@@ -183,7 +131,7 @@ async fn relays_put_each_committed_event_on_the_queue_once<DB: TestBackend>(
         messages.iter().all(|(_, _, kind)| kind == "test"),
         "headers travel"
     );
-    assert_in_order_per_key(&messages);
+    assert_in_order_per_key(messages.iter().map(|m| m.1.as_str()));
 }
 
 async fn an_event_no_queue_takes_parks<DB: TestBackend>(db: &'static TestDb<DB>) {
@@ -191,7 +139,7 @@ async fn an_event_no_queue_takes_parks<DB: TestBackend>(db: &'static TestDb<DB>)
         return;
     };
     let nowhere = format!("dtx.nowhere.{}", uuid::Uuid::new_v4().simple());
-    let stuck = enqueue(&db.pool, &nowhere, "k", "k:0").await;
+    let stuck = enqueue(&db.pool, &nowhere, "k", "k:0", true).await;
     let relay = Relay::new(db.pool.clone(), publisher(&channel).await).with_config(config("r"));
     let running = tokio::spawn(relay.run(std::future::pending()));
     let mut last = None;
@@ -208,25 +156,11 @@ async fn an_event_no_queue_takes_parks<DB: TestBackend>(db: &'static TestDb<DB>)
     assert!(error.is_some_and(|e| e.contains("unroutable")), "says why");
 }
 
-/// Publishes (the broker confirmed it), then never answers: a relay that dies before it marks
-/// the row sent.
-struct DiesAfterPublishing(RabbitMq);
-
-impl Publisher for DiesAfterPublishing {
-    fn publish<'a>(&'a self, event: &'a Event) -> BoxFuture<'a, Result<(), String>> {
-        Box::pin(async move {
-            self.0.publish(event).await?;
-            std::future::pending().await
-        })
-    }
-}
-
 async fn a_consumer_applies_each_event_once_though_the_queue_holds_it_twice<DB: TestBackend>(
     db: &'static TestDb<DB>,
 ) {
     use dtx_sdk::idempotency::consumer::{Consumer, Delivery};
     use dtx_sdk::idempotency::{Idempotency, RequestHash};
-    use dtx_sql::{Conn, args};
     let Some(channel) = rabbit().await else {
         return;
     };
@@ -235,7 +169,7 @@ async fn a_consumer_applies_each_event_once_though_the_queue_holds_it_twice<DB: 
     let mut events = Vec::new();
     for n in 0..6 {
         let key = format!("acct{}", n % 2);
-        events.push(enqueue(&db.pool, &queue, &key, &format!("{key}:{n}")).await);
+        events.push(enqueue(&db.pool, &queue, &key, &format!("{key}:{n}"), true).await);
     }
     // A relay publishes a batch (confirmed) and dies before marking it; the next one publishes
     // it again after the lease.
@@ -268,17 +202,7 @@ async fn a_consumer_applies_each_event_once_though_the_queue_holds_it_twice<DB: 
             .to_string();
         let content = RequestHash::of_bytes(&delivery.data);
         let outcome = helper
-            .handle(&event_id, &content, |conn: &mut DB::Conn| {
-                let event_id = event_id.clone();
-                Box::pin(async move {
-                    conn.execute(
-                        "INSERT INTO credits (event_id, account, amount) VALUES (?, ?, ?)",
-                        args![event_id.as_str(), "acct", 1i64],
-                    )
-                    .await?;
-                    Ok(())
-                })
-            })
+            .handle(&event_id, &content, credit(&event_id))
             .await
             .unwrap();
         deliveries += 1;
