@@ -29,9 +29,12 @@
 //! # Ok(()) }
 //! ```
 
+#[cfg(any(feature = "nats", feature = "rabbitmq"))]
+pub mod consume;
 mod error;
 #[cfg(feature = "nats")]
 mod jetstream;
+pub mod metrics;
 #[cfg(feature = "rabbitmq")]
 mod rabbitmq;
 mod relay;

@@ -1,19 +1,20 @@
-//! The relay: claims due rows, publishes them (rows of different keys at once - a round never
-//! holds two rows of one key), marks each sent once the broker confirmed it, or schedules its
-//! retry with backoff and parks it after the attempt limit. It also deletes old sent rows and
+//! The relay: claims due rows, publishes them (the rows of one key in sequence, different keys
+//! at once), marks each sent once the broker confirmed it, or schedules its retry with backoff
+//! and parks it after the attempt limit (the rest of its key's rows wait for it). It also deletes old sent rows and
 //! keeps the backlog gauges current.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use ::metrics::{counter, gauge, histogram};
 use dtx_proto::backoff::Backoff;
 use dtx_sql::Backend;
 use dtx_sql::sqlx::Pool;
-use metrics::{counter, gauge, histogram};
 use tokio::time::Instant;
 
-use crate::{Error, Event, Publisher, sql};
+use crate::{Error, Event, Publisher, metrics, sql};
 
 /// How a relay works.
 #[derive(Debug, Clone)]
@@ -21,7 +22,7 @@ pub struct RelayConfig {
     /// Recorded as the owner of the rows it claims (default: a random name). Give each relay
     /// its own.
     pub owner: String,
-    /// Most rows claimed per round.
+    /// Most rows claimed per round (the heads of as many keys, then the rows behind them).
     pub batch: i64,
     /// How long a claim holds; a relay that dies leaves its rows to another after this. Keep
     /// it above `publish_timeout`.
@@ -53,6 +54,13 @@ impl Default for RelayConfig {
     }
 }
 
+/// How one key's run of a round went: its first `published` rows went out; the next one failed
+/// with `error`, and the rest were not tried.
+struct RunOutcome {
+    published: usize,
+    error: Option<String>,
+}
+
 /// Publishes the outbox of one database through one publisher.
 pub struct Relay<DB: Backend, P: Publisher> {
     pool: Pool<DB>,
@@ -77,7 +85,7 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
     /// Relays until `shutdown` completes (the round under way finishes first).
     pub async fn run(self, shutdown: impl Future<Output = ()>) {
         tokio::pin!(shutdown);
-        let mut gauges_at = Instant::now();
+        let mut gauges_at: Option<Instant> = None;
         let mut purged_at = Instant::now();
         loop {
             let idle = match self.round().await {
@@ -87,9 +95,9 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
                     true
                 }
             };
-            if gauges_at.elapsed() >= Duration::from_secs(5) {
-                gauges_at = Instant::now();
-                self.observe().await;
+            if gauges_at.is_none_or(|at| at.elapsed() >= Duration::from_secs(5)) {
+                gauges_at = Some(Instant::now());
+                self.export_backlog().await;
             }
             if let Some(retention) = self.config.retention
                 && purged_at.elapsed() >= Duration::from_secs(60)
@@ -122,26 +130,54 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
         if events.is_empty() {
             return Ok(0);
         }
-        let published =
-            futures::future::join_all(events.iter().map(|event| self.publish(event))).await;
+        // One run per key, in id order: a key's rows go out one after another, keys at once.
+        let mut runs: Vec<Vec<&Event>> = Vec::new();
+        let mut run_of: HashMap<&str, usize> = HashMap::new();
+        for event in &events {
+            let run = *run_of.entry(event.key.as_str()).or_insert_with(|| {
+                runs.push(Vec::new());
+                runs.len() - 1
+            });
+            runs[run].push(event);
+        }
+        let outcomes =
+            futures::future::join_all(runs.iter().map(|run| self.publish_run(run))).await;
         let mut conn = self.pool.acquire().await?;
         let conn = DB::pooled(&mut conn);
-        let mut sent = Vec::with_capacity(events.len());
-        for (event, outcome) in events.iter().zip(published) {
-            match outcome {
-                Ok(()) => sent.push(event),
-                Err(error) => self.failed(conn, event, &error).await?,
+        let (mut sent, mut untried) = (Vec::with_capacity(events.len()), Vec::new());
+        for (run, outcome) in runs.iter().zip(outcomes) {
+            sent.extend_from_slice(&run[..outcome.published]);
+            if let Some(error) = outcome.error {
+                self.failed(conn, run[outcome.published], &error).await?;
+                untried.extend(run[outcome.published + 1..].iter().map(|e| e.id));
             }
         }
+        sql::release(conn, &c.owner, &untried).await?;
         let now = dtx_sql::now_ms();
         let ids: Vec<i64> = sent.iter().map(|e| e.id).collect();
         sql::sent(conn, &ids, now).await?;
-        counter!("dtx_outbox_published_total").increment(sent.len() as u64);
+        counter!(metrics::PUBLISHED).increment(sent.len() as u64);
         for event in sent {
             let lag = (now - event.created_at).max(0) as f64 / 1000.0;
-            histogram!("dtx_outbox_lag_seconds").record(lag);
+            histogram!(metrics::LAG_SECONDS).record(lag);
         }
         Ok(events.len())
+    }
+
+    /// Publishes one key's rows in order, stopping at the first that fails.
+    async fn publish_run(&self, run: &[&Event]) -> RunOutcome {
+        for (published, event) in run.iter().enumerate() {
+            if let Err(error) = self.publish(event).await {
+                return RunOutcome {
+                    published,
+                    error: Some(error),
+                };
+            }
+        }
+        RunOutcome {
+            published: run.len(),
+            error: None,
+        }
     }
 
     /// Publishes one event within the timeout, timing the broker's confirmation.
@@ -155,7 +191,7 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
                 timeout.as_millis()
             )),
         };
-        histogram!("dtx_outbox_publish_seconds").record(started.elapsed().as_secs_f64());
+        histogram!(metrics::PUBLISH_SECONDS).record(started.elapsed().as_secs_f64());
         outcome
     }
 
@@ -164,9 +200,9 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
         let failures = u32::try_from(event.attempts).unwrap_or(u32::MAX);
         let delay = c.backoff.delay(failures, rand::random());
         let next_at = dtx_sql::now_ms() + delay.as_millis() as i64;
-        counter!("dtx_outbox_publish_failures_total").increment(1);
+        counter!(metrics::PUBLISH_FAILURES).increment(1);
         if sql::failed(conn, event, &c.owner, c.max_attempts, next_at, error).await? {
-            counter!("dtx_outbox_parked_total").increment(1);
+            counter!(metrics::PARKED_TOTAL).increment(1);
             tracing::error!(
                 event_id = %event.event_id,
                 topic = %event.topic,
@@ -195,16 +231,17 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
         Ok(dtx_sql::delete_batched(&self.pool, sql::PURGE, args, 500).await?)
     }
 
-    /// Exports the backlog: rows waiting, the oldest one's age, rows parked.
-    async fn observe(&self) {
+    /// Exports the backlog gauges: rows waiting, the oldest one's age, rows parked (`run`
+    /// does every 5 s).
+    pub async fn export_backlog(&self) {
         match crate::backlog(&self.pool).await {
             Ok(b) => {
-                gauge!("dtx_outbox_waiting").set(b.waiting as f64);
-                gauge!("dtx_outbox_parked").set(b.parked as f64);
+                gauge!(metrics::WAITING).set(b.waiting as f64);
+                gauge!(metrics::PARKED).set(b.parked as f64);
                 let age = b
                     .oldest_created_at
                     .map_or(0, |created| (dtx_sql::now_ms() - created).max(0));
-                gauge!("dtx_outbox_oldest_unsent_seconds").set(age as f64 / 1000.0);
+                gauge!(metrics::OLDEST_UNSENT_SECONDS).set(age as f64 / 1000.0);
             }
             Err(e) => tracing::warn!(error = %e, "reading the outbox backlog failed"),
         }

@@ -41,6 +41,14 @@ const CLAIMABLE: Sql = Sql {
     sqlite: claimable!(""),
 };
 
+/// The rows after a claimed head of one key, in order (one of these per key, joined with
+/// `UNION ALL`): no other relay claims them while their head is unsent, so the claiming relay
+/// may publish them in sequence behind it. Columns as [`CLAIMABLE`], then `next_at` and
+/// `lease_until` to stop at a row that is not due.
+const FOLLOWERS: &str = "SELECT * FROM (SELECT id, event_id, topic, msg_key, headers, payload, \
+     attempts, created_at, next_at, lease_until FROM dtx_outbox WHERE msg_key = ? \
+     AND status = 'PENDING' AND id > ? ORDER BY id LIMIT ?) f";
+
 /// `... WHERE id IN (` + one placeholder per claimed row + `)`.
 const LEASE: &str = "UPDATE dtx_outbox SET lease_owner = ?, lease_until = ? WHERE id IN (";
 
@@ -48,6 +56,11 @@ const LEASE: &str = "UPDATE dtx_outbox SET lease_owner = ?, lease_until = ? WHER
 /// broker drops the duplicate by its message id). Followed by the ids, as [`LEASE`].
 const SENT: &str = "UPDATE dtx_outbox SET status = 'SENT', sent_at = ?, lease_owner = NULL, \
      lease_until = NULL WHERE status = 'PENDING' AND id IN (";
+
+/// Claimed rows a relay did not try after an earlier row of their key failed: free again
+/// (they still wait behind that row). Followed by the ids, as [`LEASE`].
+const RELEASE: &str = "UPDATE dtx_outbox SET lease_owner = NULL, lease_until = NULL \
+     WHERE status = 'PENDING' AND lease_owner = ? AND id IN (";
 
 /// A failed publish: due again at `next_at`, or parked once the attempts reach the limit. The
 /// status is assigned before `attempts` (MySQL reads assignments left to right).
@@ -92,7 +105,10 @@ pub(crate) async fn insert<C: Conn>(
     Ok(())
 }
 
-/// Claims up to `limit` due rows for `owner` until `lease_until`, in the caller's transaction.
+/// Claims up to `limit` due rows for `owner` until `lease_until`, in the caller's transaction,
+/// in id order: the oldest unsent row of each key that has one due, and - while the limit
+/// allows, shared evenly among those keys - the rows that follow it, so a backlog on few keys
+/// moves many rows per round. The caller publishes each key's rows in sequence.
 pub(crate) async fn claim<C: Conn>(
     conn: &mut C,
     owner: &str,
@@ -106,7 +122,14 @@ pub(crate) async fn claim<C: Conn>(
             args![now, now, limit * 4, now, now, limit],
         )
         .await?;
-    let events = rows.iter().map(event).collect::<Result<Vec<_>, _>>()?;
+    let mut events = rows.iter().map(event).collect::<Result<Vec<_>, _>>()?;
+    let room = limit - events.len() as i64;
+    if !events.is_empty() && room > 0 {
+        let per_key = (room + events.len() as i64 - 1) / events.len() as i64;
+        let followers = followers(conn, &events, per_key, now).await?;
+        events.extend(followers.into_iter().take(room as usize));
+        events.sort_by_key(|e| e.id);
+    }
     if !events.is_empty() {
         let ids: Vec<i64> = events.iter().map(|e| e.id).collect();
         let mut all: Vec<Arg> = args![owner, lease_until].to_vec();
@@ -115,6 +138,45 @@ pub(crate) async fn claim<C: Conn>(
             .await?;
     }
     Ok(events)
+}
+
+/// Up to `per_key` rows after each head, each key's run cut at its first row that is not due
+/// or still leased (so what is taken stays consecutive).
+async fn followers<C: Conn>(
+    conn: &mut C,
+    heads: &[Event],
+    per_key: i64,
+    now: i64,
+) -> Result<Vec<Event>, Error> {
+    let sql = (0..heads.len())
+        .map(|i| format!("{FOLLOWERS}{i}"))
+        .collect::<Vec<_>>()
+        .join(" UNION ALL ");
+    let mut all: Vec<Arg> = Vec::with_capacity(heads.len() * 3);
+    for head in heads {
+        all.extend([
+            Arg::from(head.key.as_str()),
+            Arg::from(head.id),
+            Arg::from(per_key),
+        ]);
+    }
+    let rows = conn.fetch_all_dynamic(sql, &all).await?;
+    let mut rows = rows
+        .iter()
+        .map(|row| Ok((event(row)?, row.i64(8)?, row.opt_i64(9)?)))
+        .collect::<Result<Vec<_>, Error>>()?;
+    rows.sort_by_key(|(e, _, _)| e.id);
+    let mut stopped = std::collections::HashSet::new();
+    let mut taken = Vec::new();
+    for (event, next_at, lease_until) in rows {
+        let free = next_at <= now && lease_until.is_none_or(|until| until < now);
+        if !free {
+            stopped.insert(event.key.clone());
+        } else if !stopped.contains(&event.key) {
+            taken.push(event);
+        }
+    }
+    Ok(taken)
 }
 
 /// `statement` closed with `n` id placeholders (the text holds no input, only placeholders).
@@ -152,6 +214,18 @@ pub(crate) async fn sent<C: Conn>(conn: &mut C, ids: &[i64], now: i64) -> Result
     let mut all: Vec<Arg> = args![now].to_vec();
     all.extend(ids.iter().map(|id| Arg::from(*id)));
     conn.execute_dynamic(with_ids(SENT, ids.len()), &all)
+        .await?;
+    Ok(())
+}
+
+/// Frees the claimed rows `ids` of `owner` that were not tried.
+pub(crate) async fn release<C: Conn>(conn: &mut C, owner: &str, ids: &[i64]) -> Result<(), Error> {
+    if ids.is_empty() {
+        return Ok(());
+    }
+    let mut all: Vec<Arg> = args![owner].to_vec();
+    all.extend(ids.iter().map(|id| Arg::from(*id)));
+    conn.execute_dynamic(with_ids(RELEASE, ids.len()), &all)
         .await?;
     Ok(())
 }

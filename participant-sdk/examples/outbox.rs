@@ -12,8 +12,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use async_nats::jetstream::{self, consumer, stream};
+use dtx_sdk::idempotency::Idempotency;
 use dtx_sdk::idempotency::consumer::{Consumer, Delivery};
-use dtx_sdk::idempotency::{Idempotency, RequestHash};
 use dtx_sdk::sql::sqlx::Sqlite;
 use dtx_sdk::sql::{Backend, Conn, SqlRow, args};
 use futures::StreamExt;
@@ -101,25 +101,21 @@ async fn main() -> Result<(), BoxError> {
             return Err("no event within 10 s: is NATS running with JetStream?".into());
         };
         let message = message?;
-        let event_id = match message.headers.as_ref().and_then(|h| h.get("Nats-Msg-Id")) {
-            Some(id) => id.to_string(),
-            None => continue,
-        };
         let body: serde_json::Value = serde_json::from_slice(&message.payload)?;
         let order = body["order"].as_str().unwrap_or_default().to_string();
-        let content = RequestHash::of_bytes(&message.payload);
-        let delivery = helper
-            .handle(&event_id, &content, |conn| {
-                let order = order.clone();
-                Box::pin(async move {
-                    let insert = "INSERT INTO shipments (order_id) VALUES (?)";
-                    conn.execute(insert, args![order.as_str()]).await?;
-                    Ok(())
-                })
+        // Runs the insert once per event, in the transaction that records the event's id, and
+        // acknowledges the message only after that commit.
+        let delivery = dtx_outbox::consume::jetstream(&helper, &message, |conn, payload| {
+            Box::pin(async move {
+                let body: serde_json::Value = serde_json::from_slice(&payload)?;
+                let order = body["order"].as_str().unwrap_or_default();
+                let insert = "INSERT INTO shipments (order_id) VALUES (?)";
+                conn.execute(insert, args![order]).await?;
+                Ok(())
             })
-            .await?;
-        message.ack().await?;
-        if placed.contains(&order) {
+        })
+        .await?;
+        if placed.contains(&order) && delivery.should_ack() {
             shipped += 1;
             println!(
                 "{order}: {}",

@@ -9,6 +9,7 @@ pub mod coordinator;
 pub mod db;
 pub mod idempotency;
 pub mod ledger;
+pub mod nats_server;
 pub mod net;
 pub mod outbox;
 pub mod participant;

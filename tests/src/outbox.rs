@@ -10,6 +10,7 @@ use dtx_proto::backoff::Backoff;
 use dtx_sdk::barrier::HandlerError;
 use dtx_sql::sqlx::Pool;
 use dtx_sql::{Conn, args};
+use futures::StreamExt;
 use futures::future::BoxFuture;
 
 use crate::db::TestBackend;
@@ -103,4 +104,42 @@ pub fn credit<C: Conn>(
             Ok(())
         })
     }
+}
+
+/// Every message of `stream`: (Nats-Msg-Id, subject, payload), in stream order.
+pub async fn read_all(
+    stream: &async_nats::jetstream::stream::Stream,
+) -> Vec<(String, String, String)> {
+    let mut stream = stream.clone();
+    let count = stream.info().await.expect("stream info").state.messages as usize;
+    if count == 0 {
+        return Vec::new();
+    }
+    let reader = stream
+        .create_consumer(async_nats::jetstream::consumer::pull::Config {
+            ack_policy: async_nats::jetstream::consumer::AckPolicy::None,
+            ..Default::default()
+        })
+        .await
+        .expect("create reader");
+    let mut messages = reader
+        .fetch()
+        .max_messages(count)
+        .expires(Duration::from_secs(5))
+        .messages()
+        .await
+        .expect("fetch");
+    let mut out = Vec::new();
+    while let Some(message) = messages.next().await {
+        let message = message.expect("message");
+        let id = message
+            .headers
+            .as_ref()
+            .and_then(|h| h.get("Nats-Msg-Id"))
+            .map(|v| v.to_string())
+            .unwrap_or_default();
+        let payload = String::from_utf8(message.payload.to_vec()).unwrap();
+        out.push((id, message.subject.to_string(), payload));
+    }
+    out
 }

@@ -11,15 +11,16 @@
 use std::time::Duration;
 
 use async_nats::jetstream::{self, consumer, stream};
-use dtx_outbox::{JetStream, Relay};
+use dtx_outbox::{Event, JetStream, Publisher, Relay, consume};
 use dtx_sql::Schema;
 use dtx_tests::db::{TestBackend, TestDb};
 use dtx_tests::idempotency::nats;
 use dtx_tests::outbox::{
-    DiesAfterPublishing, assert_in_order_per_key, config, credit, drained, enqueue,
+    DiesAfterPublishing, assert_in_order_per_key, config, credit, drained, enqueue, read_all,
 };
 use dtx_tests::test_on_all_databases;
 use futures::StreamExt;
+use futures::future::BoxFuture;
 
 const SCHEMAS: &[Schema] = &[Schema::Outbox];
 
@@ -38,42 +39,6 @@ async fn stream_for_run(js: &jetstream::Context) -> (stream::Stream, String) {
         .await
         .expect("create stream");
     (stream, prefix)
-}
-
-/// Every message of `stream`: (Nats-Msg-Id, subject, payload), in stream order.
-async fn read_all(stream: &stream::Stream) -> Vec<(String, String, String)> {
-    let mut stream = stream.clone();
-    let count = stream.info().await.expect("stream info").state.messages as usize;
-    if count == 0 {
-        return Vec::new();
-    }
-    let reader = stream
-        .create_consumer(consumer::pull::Config {
-            ack_policy: consumer::AckPolicy::None,
-            ..Default::default()
-        })
-        .await
-        .expect("create reader");
-    let mut messages = reader
-        .fetch()
-        .max_messages(count)
-        .expires(Duration::from_secs(5))
-        .messages()
-        .await
-        .expect("fetch");
-    let mut out = Vec::new();
-    while let Some(message) = messages.next().await {
-        let message = message.expect("message");
-        let id = message
-            .headers
-            .as_ref()
-            .and_then(|h| h.get("Nats-Msg-Id"))
-            .map(|v| v.to_string())
-            .unwrap_or_default();
-        let payload = String::from_utf8(message.payload.to_vec()).unwrap();
-        out.push((id, message.subject.to_string(), payload));
-    }
-    out
 }
 
 async fn two_relays_publish_each_committed_event_once_in_order<DB: TestBackend>(
@@ -113,6 +78,66 @@ async fn two_relays_publish_each_committed_event_once_in_order<DB: TestBackend>(
         let (status, attempts, _) = dtx_outbox::status(&db.pool, id).await.unwrap().unwrap();
         assert_eq!((status.as_str(), attempts), ("SENT", 0));
     }
+}
+
+/// Publishes through `inner` except the event whose payload is `refused`.
+struct Refuses<P> {
+    inner: P,
+    refused: &'static str,
+}
+
+impl<P: Publisher> Publisher for Refuses<P> {
+    fn publish<'a>(&'a self, event: &'a Event) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(async move {
+            if event.payload == self.refused.as_bytes() {
+                return Err(format!("{} refused", self.refused));
+            }
+            self.inner.publish(event).await
+        })
+    }
+}
+
+/// One round takes a key's backlog behind its oldest row (up to the batch) and publishes it in
+/// order. When a row fails, the rows behind it in that round are not tried: they stay unsent,
+/// unclaimed, behind it, and the next round takes them all once it goes out.
+async fn a_round_moves_a_keys_backlog_in_order_and_stops_at_a_failure<DB: TestBackend>(
+    db: &'static TestDb<DB>,
+) {
+    let Some(client) = nats().await else { return };
+    let js = jetstream::new(client);
+    let (stream, prefix) = stream_for_run(&js).await;
+    let topic = format!("{prefix}.orders");
+    let mut ids = Vec::new();
+    for n in 0..12 {
+        ids.push(enqueue(&db.pool, &topic, "k", &format!("k:{n}"), true).await);
+    }
+    let refusing = Refuses {
+        inner: JetStream::new(js.clone()),
+        refused: "k:5",
+    };
+    let relay = Relay::new(db.pool.clone(), refusing).with_config(config("first"));
+    assert_eq!(relay.round().await.unwrap(), 8, "the batch, all of one key");
+    let status = |id| dtx_outbox::status(&db.pool, id);
+    for (n, id) in ids.iter().enumerate() {
+        let (state, attempts, _) = status(id).await.unwrap().unwrap();
+        let expected = match n {
+            0..5 => ("SENT", 0),
+            5 => ("PENDING", 1),
+            _ => ("PENDING", 0),
+        };
+        assert_eq!((state.as_str(), attempts), expected, "k:{n}");
+    }
+    // After k:5's backoff (the lease of the untried rows would hold them 500 ms).
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    let relay = Relay::new(db.pool.clone(), JetStream::new(js.clone())).with_config(config("next"));
+    assert_eq!(
+        relay.round().await.unwrap(),
+        7,
+        "k:5 and everything behind it"
+    );
+    let payloads: Vec<String> = read_all(&stream).await.into_iter().map(|m| m.2).collect();
+    let expected: Vec<String> = (0..12).map(|n| format!("k:{n}")).collect();
+    assert_eq!(payloads, expected);
 }
 
 async fn a_relay_dying_mid_batch_leaves_its_rows_to_another<DB: TestBackend>(
@@ -276,9 +301,9 @@ async fn a_relay_process_killed_mid_batch<DB: TestBackend>(db: &'static TestDb<D
     assert_in_order_per_key(messages.iter().map(|m| m.2.as_str()));
 }
 
-/// Relayed events applied by a consumer through the idempotency records' consumer helper: its
-/// first handling of one event commits but the ack is withheld (the consumer "crashed" before
-/// acking), so JetStream delivers it again - and the effect still happens once per event.
+/// Relayed events applied by a consumer through `consume::jetstream`: the first handling of one
+/// event commits but its ack is withheld (the consumer "crashed" before acking), so JetStream
+/// delivers it again - answered as a duplicate, the effect still once per event.
 async fn a_consumer_applies_each_relayed_event_once<DB: TestBackend>(db: &'static TestDb<DB>) {
     use dtx_sdk::idempotency::consumer::{Consumer, Delivery};
     use dtx_sdk::idempotency::{Idempotency, RequestHash};
@@ -306,17 +331,26 @@ async fn a_consumer_applies_each_relayed_event_once<DB: TestBackend>(db: &'stati
     let helper = Consumer::new(Idempotency::new(db.pool.clone()), "credits", 1).unwrap();
     let mut messages = pull.messages().await.expect("messages");
     let (mut withheld, mut duplicates, mut processed) = (false, 0, 0);
-    while processed < events.len() {
+    while processed < events.len() || duplicates == 0 {
         let message = tokio::time::timeout(Duration::from_secs(20), messages.next())
             .await
-            .expect("a message within 20 s")
+            .expect("a message within 20 s (the withheld one comes again)")
             .unwrap()
             .unwrap();
         let headers = message.headers.as_ref().unwrap();
         let event_id = headers.get("Nats-Msg-Id").unwrap().to_string();
-        let content = RequestHash::of_bytes(&message.payload);
-        let delivery = helper
-            .handle(&event_id, &content, credit(&event_id))
+        if !withheld {
+            // Committed, never acknowledged: a consumer that died before its ack. JetStream
+            // delivers it again after ack_wait.
+            withheld = true;
+            let content = RequestHash::of_bytes(&message.payload);
+            let delivery = helper.handle(&event_id, &content, credit(&event_id)).await;
+            assert_eq!(delivery.unwrap(), Delivery::Processed);
+            processed += 1;
+            continue;
+        }
+        let apply = credit(&event_id);
+        let delivery = consume::jetstream(&helper, &message, move |conn, _| apply(conn))
             .await
             .unwrap();
         match delivery {
@@ -324,36 +358,6 @@ async fn a_consumer_applies_each_relayed_event_once<DB: TestBackend>(db: &'stati
             Delivery::Duplicate => duplicates += 1,
             other => panic!("{event_id}: {other:?}"),
         }
-        if !withheld && delivery == Delivery::Processed {
-            withheld = true; // committed, never acked: redelivered after ack_wait
-            continue;
-        }
-        message.ack().await.unwrap();
-    }
-    // The withheld one comes back once more before it is acknowledged.
-    while duplicates == 0 {
-        let message = tokio::time::timeout(Duration::from_secs(5), messages.next())
-            .await
-            .expect("the withheld event is redelivered")
-            .unwrap()
-            .unwrap();
-        let event_id = message
-            .headers
-            .as_ref()
-            .unwrap()
-            .get("Nats-Msg-Id")
-            .unwrap()
-            .to_string();
-        let content = RequestHash::of_bytes(&message.payload);
-        let delivery = helper
-            .handle(&event_id, &content, |_conn: &mut DB::Conn| {
-                Box::pin(async { panic!("a duplicate must not run the handler") })
-            })
-            .await
-            .unwrap();
-        assert_eq!(delivery, Delivery::Duplicate, "{event_id}");
-        duplicates += 1;
-        message.ack().await.unwrap();
     }
     relaying.abort();
     for id in &events {
@@ -374,6 +378,10 @@ test_on_all_databases!(
     &[Schema::Outbox, Schema::Idempotency]
 );
 test_on_all_databases!(a_relay_dying_mid_batch_leaves_its_rows_to_another, SCHEMAS);
+test_on_all_databases!(
+    a_round_moves_a_keys_backlog_in_order_and_stops_at_a_failure,
+    SCHEMAS
+);
 test_on_all_databases!(
     an_unpublishable_event_parks_and_holds_its_key_until_republished,
     SCHEMAS

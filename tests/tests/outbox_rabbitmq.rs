@@ -11,7 +11,7 @@
 
 use std::time::Duration;
 
-use dtx_outbox::{RabbitMq, Relay};
+use dtx_outbox::{RabbitMq, Relay, consume};
 use dtx_sql::Schema;
 use dtx_tests::db::{TestBackend, TestDb};
 use dtx_tests::outbox::{
@@ -194,33 +194,38 @@ async fn a_consumer_applies_each_event_once_though_the_queue_holds_it_twice<DB: 
         .expect("basic.get")
     {
         let delivery = message.delivery;
+        deliveries += 1;
+        if !rejected {
+            // Committed, then the consumer goes away without its ack: back on the queue.
+            rejected = true;
+            let event_id = delivery
+                .properties
+                .message_id()
+                .clone()
+                .unwrap()
+                .to_string();
+            let content = RequestHash::of_bytes(&delivery.data);
+            let handled = helper.handle(&event_id, &content, credit(&event_id)).await;
+            assert_eq!(handled.unwrap(), Delivery::Processed);
+            let requeue = BasicRejectOptions { requeue: true };
+            delivery.reject(requeue).await.unwrap();
+            continue;
+        }
         let event_id = delivery
             .properties
             .message_id()
             .clone()
             .unwrap()
             .to_string();
-        let content = RequestHash::of_bytes(&delivery.data);
-        let outcome = helper
-            .handle(&event_id, &content, credit(&event_id))
+        let apply = credit(&event_id);
+        let outcome = consume::amqp(&helper, &delivery, move |conn, _| apply(conn))
             .await
             .unwrap();
-        deliveries += 1;
         match outcome {
-            Delivery::Processed if !rejected => {
-                // Committed, then the consumer goes away without its ack: back on the queue.
-                rejected = true;
-                delivery
-                    .reject(BasicRejectOptions { requeue: true })
-                    .await
-                    .unwrap();
-                continue;
-            }
             Delivery::Processed => {}
             Delivery::Duplicate => duplicates += 1,
             other => panic!("{event_id}: {other:?}"),
         }
-        delivery.ack(BasicAckOptions::default()).await.unwrap();
     }
     assert!(
         duplicates >= 2,

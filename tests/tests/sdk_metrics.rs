@@ -299,3 +299,102 @@ async fn barrier_counts_every_verdict<DB: TestBackend>(db: &'static TestDb<DB>) 
 }
 
 test_on_all_databases!(barrier_counts_every_verdict, &[Schema::Barrier]);
+
+/// The outbox's metrics: a relay publishes two events and parks one no stream takes, its
+/// backlog gauges are exported, and a consumer dead-letters an event id that comes back with
+/// other content. Every name the dashboard and rules are checked against is rendered.
+async fn outbox_exports_every_metric<DB: TestBackend>(db: &'static TestDb<DB>) {
+    use async_nats::jetstream::{self, consumer, stream};
+    use dtx_outbox::metrics as outbox;
+    use dtx_sdk::idempotency::consumer::{Consumer, Delivery};
+    use dtx_tests::outbox::{config, credit, enqueue};
+    use futures::StreamExt;
+    exporter();
+    let Some(client) = dtx_tests::idempotency::nats().await else {
+        return;
+    };
+    dtx_tests::idempotency::create_tables(&db.pool).await;
+    let js = jetstream::new(client);
+    let run = uuid::Uuid::new_v4().simple().to_string();
+    let stream = js
+        .create_stream(stream::Config {
+            name: format!("DTX_METRICS_{run}"),
+            subjects: vec![format!("metrics.{run}.>")],
+            storage: stream::StorageType::Memory,
+            max_age: Duration::from_secs(600),
+            ..Default::default()
+        })
+        .await
+        .expect("create stream");
+    let topic = format!("metrics.{run}.orders");
+    enqueue(&db.pool, &topic, "a", "a:0", true).await;
+    enqueue(&db.pool, &topic, "b", "b:0", true).await;
+    let stuck = enqueue(&db.pool, &format!("nowhere.{run}"), "c", "c:0", true).await;
+    let relay = dtx_outbox::Relay::new(db.pool.clone(), dtx_outbox::JetStream::new(js.clone()))
+        .with_config(config("metrics"));
+    for _ in 0..500 {
+        relay.round().await.unwrap();
+        let status = dtx_outbox::status(&db.pool, &stuck).await.unwrap().unwrap();
+        if status.0 == "PARKED" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    relay.export_backlog().await;
+
+    // An event id this consumer applied, delivered again with other content.
+    let helper = Consumer::new(Idempotency::new(db.pool.clone()), "metrics", 1).unwrap();
+    let event_id = uuid::Uuid::new_v4().to_string();
+    let first = RequestHash::of_bytes(b"first");
+    let applied = helper.handle(&event_id, &first, credit(&event_id)).await;
+    assert_eq!(applied.unwrap(), Delivery::Processed);
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert("Nats-Msg-Id", event_id.as_str());
+    let subject = format!("metrics.{run}.conflict");
+    let ack = js
+        .publish_with_headers(subject.clone(), headers, "second".into())
+        .await
+        .unwrap();
+    ack.await.unwrap();
+    let pull = stream
+        .create_consumer(consumer::pull::Config {
+            filter_subject: subject,
+            ack_policy: consumer::AckPolicy::Explicit,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let message = pull
+        .messages()
+        .await
+        .unwrap()
+        .next()
+        .await
+        .unwrap()
+        .unwrap();
+    let apply = credit(&event_id);
+    let delivery = dtx_outbox::consume::jetstream(&helper, &message, move |conn, _| apply(conn));
+    assert_eq!(delivery.await.unwrap(), Delivery::Conflict);
+    assert_eq!(
+        dtx_tests::idempotency::credits_for(&db.pool, &event_id).await,
+        1,
+        "the first processing stands"
+    );
+
+    // Counters only grow (the databases' runs share them); the gauges are this run's or a
+    // concurrent run's, each with one parked row.
+    let s = scrape();
+    assert!(s.sum(outbox::PUBLISHED, &[]) >= 2.0, "{}", s.text);
+    assert!(s.sum(outbox::PUBLISH_FAILURES, &[]) >= 3.0);
+    assert!(s.sum(outbox::PARKED_TOTAL, &[]) >= 1.0);
+    assert!(s.sum(outbox::CONSUMER_CONFLICTS, &[]) >= 1.0);
+    assert_eq!(s.sum(outbox::PARKED, &[]), 1.0);
+    for name in outbox::METRIC_NAMES {
+        assert!(s.names.contains(*name), "{name} is not rendered");
+    }
+}
+
+test_on_all_databases!(
+    outbox_exports_every_metric,
+    &[Schema::Outbox, Schema::Idempotency]
+);

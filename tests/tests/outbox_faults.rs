@@ -1,0 +1,226 @@
+//! Every outbox fault in one run, counting effects rather than deliveries: while a producer
+//! commits (and rolls back) events on a few keys, two relay processes are SIGKILLed and started
+//! again at random, the broker - a NATS server of this test's own, file-backed - is SIGKILLed
+//! and restarted twice, and the consumer process is SIGKILLed at random and also dies on its own
+//! between committing an event and acknowledging it. Afterwards every committed event has
+//! exactly one effect (one `credits` row), no rolled-back one has any, nothing is parked, and
+//! the stream holds each committed event once, in order per key. On SQLite, PostgreSQL and
+//! MariaDB.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use async_nats::jetstream::{self, consumer, stream};
+use dtx_sql::{Schema, SqlRow};
+use dtx_tests::db::{TestBackend, TestDb};
+use dtx_tests::nats_server::NatsServer;
+use dtx_tests::outbox::{assert_in_order_per_key, enqueue, read_all};
+use dtx_tests::test_on_all_databases;
+use tokio::process::{Child, Command};
+
+const KEYS: usize = 6;
+const EVENTS: usize = 360;
+/// Between two enqueues: the producer runs about 5 s, while the faults land.
+const PACE: Duration = Duration::from_millis(15);
+/// Chance that the consumer dies after committing a first delivery, before its ack.
+const CONSUMER_CRASH_RATE: &str = "0.03";
+
+/// The processes under test, started again whenever they died or were killed.
+struct Processes {
+    db_url: String,
+    nats_url: String,
+    stream: String,
+    relays: Vec<Child>,
+    consumer: Child,
+    relay_kills: u32,
+    consumer_kills: u32,
+    consumer_crashes: u32,
+}
+
+impl Processes {
+    fn relay(&self) -> Child {
+        Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+            .args(["--db", &self.db_url, "--nats", &self.nats_url])
+            .args(["--lease-ms", "500"])
+            .stdout(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start a relay process")
+    }
+
+    fn consumer(&self) -> Child {
+        Command::new(env!("CARGO_BIN_EXE_outbox-consumer"))
+            .args(["--db", &self.db_url, "--nats", &self.nats_url])
+            .args(["--stream", &self.stream, "--durable", "effects"])
+            .args(["--crash-rate", CONSUMER_CRASH_RATE])
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start the consumer process")
+    }
+
+    /// Starts again whatever exited (a consumer that crashed before its ack exits with 3).
+    fn revive(&mut self) {
+        for i in 0..self.relays.len() {
+            if self.relays[i].try_wait().expect("relay status").is_some() {
+                self.relays[i] = self.relay();
+            }
+        }
+        if let Some(status) = self.consumer.try_wait().expect("consumer status") {
+            if status.code() == Some(3) {
+                self.consumer_crashes += 1;
+            }
+            self.consumer = self.consumer();
+        }
+    }
+
+    /// One random fault: a relay or the consumer SIGKILLed (and started again), or none.
+    async fn strike(&mut self) {
+        let roll: f64 = rand::random();
+        if roll < 0.35 {
+            let i = rand::random_range(0..self.relays.len());
+            self.relays[i].kill().await.expect("SIGKILL a relay");
+            self.relays[i] = self.relay();
+            self.relay_kills += 1;
+        } else if roll < 0.5 {
+            self.consumer.kill().await.expect("SIGKILL the consumer");
+            self.consumer = self.consumer();
+            self.consumer_kills += 1;
+        }
+    }
+}
+
+async fn every_committed_event_takes_effect_once_across_every_fault<DB: TestBackend>(
+    db: &'static TestDb<DB>,
+) {
+    let Some(mut nats) = NatsServer::start().await else {
+        return;
+    };
+    dtx_tests::idempotency::create_tables(&db.pool).await;
+    let client = async_nats::connect(nats.url()).await.expect("nats");
+    let js = jetstream::new(client);
+    let run = uuid::Uuid::new_v4().simple().to_string();
+    let name = format!("FAULTS_{run}");
+    let topic = format!("faults.{run}.orders");
+    let stream = js
+        .create_stream(stream::Config {
+            name: name.clone(),
+            subjects: vec![format!("faults.{run}.>")],
+            storage: stream::StorageType::File,
+            ..Default::default()
+        })
+        .await
+        .expect("create stream");
+    stream
+        .create_consumer(consumer::pull::Config {
+            durable_name: Some("effects".into()),
+            ack_policy: consumer::AckPolicy::Explicit,
+            ack_wait: Duration::from_secs(1),
+            ..Default::default()
+        })
+        .await
+        .expect("create the durable consumer");
+
+    let producer = tokio::spawn(async move {
+        let (mut committed, mut rolled_back) = (Vec::new(), Vec::new());
+        for n in 0..EVENTS {
+            let key = format!("k{}", n % KEYS);
+            let commit = n % 9 != 4;
+            let id = enqueue(&db.pool, &topic, &key, &format!("{key}:{n}"), commit).await;
+            if commit {
+                &mut committed
+            } else {
+                &mut rolled_back
+            }
+            .push(id);
+            tokio::time::sleep(PACE).await;
+        }
+        (committed, rolled_back)
+    });
+
+    let mut processes = Processes {
+        db_url: db.url.clone(),
+        nats_url: nats.url(),
+        stream: name,
+        relays: Vec::new(),
+        consumer: Command::new("true").spawn().unwrap(),
+        relay_kills: 0,
+        consumer_kills: 0,
+        consumer_crashes: 0,
+    };
+    processes.relays = vec![processes.relay(), processes.relay()];
+    processes.consumer = processes.consumer();
+    let mut tick = 0u32;
+    while !producer.is_finished() {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        tick += 1;
+        if tick.is_multiple_of(9) {
+            nats.restart(Duration::from_millis(300)).await;
+        } else {
+            processes.strike().await;
+        }
+        processes.revive();
+    }
+    let (committed, rolled_back) = producer.await.unwrap();
+
+    // The faults stop; whatever runs now must finish the work.
+    let mut effects = BTreeMap::new();
+    for _ in 0..900 {
+        processes.revive();
+        effects = credits(db).await;
+        let backlog = dtx_outbox::backlog(&db.pool).await.unwrap();
+        if backlog.waiting == 0 && effects.len() >= committed.len() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let faults = format!(
+        "{} relay kills, {} consumer kills, {} consumer crashes before the ack, {} broker starts",
+        processes.relay_kills, processes.consumer_kills, processes.consumer_crashes, nats.starts
+    );
+    eprintln!("{}: {faults}", DB::NAME);
+    assert_eq!(dtx_outbox::backlog(&db.pool).await.unwrap().parked, 0);
+    let expected: BTreeMap<String, i64> = committed.iter().map(|id| (id.clone(), 1)).collect();
+    let missing = committed
+        .iter()
+        .filter(|id| !effects.contains_key(*id))
+        .count();
+    let doubled = effects.values().filter(|n| **n > 1).count();
+    let phantom = rolled_back
+        .iter()
+        .filter(|id| effects.contains_key(*id))
+        .count();
+    assert_eq!(
+        effects, expected,
+        "each committed event takes effect once ({missing} missing, {doubled} doubled, \
+         {phantom} rolled back but applied; {faults})"
+    );
+    let messages = read_all(&stream).await;
+    let mut ids: Vec<&str> = messages.iter().map(|(id, _, _)| id.as_str()).collect();
+    ids.sort();
+    let mut committed = committed;
+    committed.sort();
+    assert_eq!(ids, committed, "the stream holds each committed event once");
+    assert_in_order_per_key(messages.iter().map(|m| m.2.as_str()));
+    assert!(
+        processes.relay_kills > 0 && processes.consumer_kills + processes.consumer_crashes > 0,
+        "the faults happened: {faults}"
+    );
+    assert!(nats.starts >= 3, "the broker was restarted: {faults}");
+}
+
+/// Effects per event: the `credits` rows of each event id.
+async fn credits<DB: TestBackend>(db: &TestDb<DB>) -> BTreeMap<String, i64> {
+    let rows = db
+        .rows("SELECT event_id, COUNT(*) FROM credits GROUP BY event_id")
+        .await;
+    let mut counted = HashMap::new();
+    for row in rows {
+        counted.insert(row.text(0).unwrap(), row.i64(1).unwrap());
+    }
+    counted.into_iter().collect()
+}
+
+test_on_all_databases!(
+    every_committed_event_takes_effect_once_across_every_fault,
+    &[Schema::Outbox, Schema::Idempotency]
+);
