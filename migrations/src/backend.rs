@@ -21,6 +21,10 @@ pub enum Schema {
     Idempotency,
     /// The transactional outbox: events written with the business change, relayed to a broker.
     Outbox,
+    /// The log of forward-only state transitions (which fact moved an entity into each state).
+    Transitions,
+    /// Applied payment callbacks and the ones parked for a person.
+    Payments,
 }
 
 impl Schema {
@@ -30,6 +34,8 @@ impl Schema {
             Schema::Barrier => "dtx_migrations_barrier",
             Schema::Idempotency => "dtx_migrations_idempotency",
             Schema::Outbox => "dtx_migrations_outbox",
+            Schema::Transitions => "dtx_migrations_transitions",
+            Schema::Payments => "dtx_migrations_payments",
         }
     }
 }
@@ -40,13 +46,16 @@ fn with_table(mut migrator: Migrator, schema: Schema) -> Migrator {
 }
 
 macro_rules! migrators {
-    ($coordinator:literal, $barrier:literal, $idempotency:literal, $outbox:literal) => {
+    ($coordinator:literal, $barrier:literal, $idempotency:literal, $outbox:literal,
+     $transitions:literal, $payments:literal) => {
         |schema: Schema| -> Migrator {
             let migrator = match schema {
                 Schema::Coordinator => sqlx::migrate!($coordinator),
                 Schema::Barrier => sqlx::migrate!($barrier),
                 Schema::Idempotency => sqlx::migrate!($idempotency),
                 Schema::Outbox => sqlx::migrate!($outbox),
+                Schema::Transitions => sqlx::migrate!($transitions),
+                Schema::Payments => sqlx::migrate!($payments),
             };
             with_table(migrator, schema)
         }
@@ -144,7 +153,14 @@ macro_rules! backend {
 backend!(
     sqlx::Postgres,
     sqlx::PgConnection,
-    ("postgres/coordinator", "postgres/barrier", "postgres/idempotency", "postgres/outbox"),
+    (
+        "postgres/coordinator",
+        "postgres/barrier",
+        "postgres/idempotency",
+        "postgres/outbox",
+        "postgres/transitions",
+        "postgres/payments"
+    ),
     begin: |pool| pool.begin(),
     options: sqlx::postgres::PgConnectOptions => |o| o
 );
@@ -152,7 +168,14 @@ backend!(
 backend!(
     sqlx::MySql,
     sqlx::MySqlConnection,
-    ("mysql/coordinator", "mysql/barrier", "mysql/idempotency", "mysql/outbox"),
+    (
+        "mysql/coordinator",
+        "mysql/barrier",
+        "mysql/idempotency",
+        "mysql/outbox",
+        "mysql/transitions",
+        "mysql/payments"
+    ),
     // READ COMMITTED: no gap locks taken by the duplicate-key checks of concurrent inserts.
     // ROLLBACK first: a begin cancelled after the server started the transaction but before
     // sqlx recorded it returns the connection to the pool inside a transaction nobody owns,
@@ -166,7 +189,14 @@ backend!(
 backend!(
     sqlx::Sqlite,
     sqlx::SqliteConnection,
-    ("sqlite/coordinator", "sqlite/barrier", "sqlite/idempotency", "sqlite/outbox"),
+    (
+        "sqlite/coordinator",
+        "sqlite/barrier",
+        "sqlite/idempotency",
+        "sqlite/outbox",
+        "sqlite/transitions",
+        "sqlite/payments"
+    ),
     // IMMEDIATE: take the write lock up front, so a transaction that reads before it writes
     // cannot fail with SQLITE_BUSY when it upgrades.
     begin: |pool| pool.begin_with("BEGIN IMMEDIATE"),

@@ -24,6 +24,9 @@ pub struct RelayConfig {
     pub owner: String,
     /// Most rows claimed per round (the heads of as many keys, then the rows behind them).
     pub batch: i64,
+    /// Most rows of one key claimed per round (1: only each key's oldest unsent row). A key's
+    /// rows are published one after another, so a long run holds its round; this bounds it.
+    pub run_per_key: i64,
     /// How long a claim holds; a relay that dies leaves its rows to another after this. Keep
     /// it above `publish_timeout`.
     pub lease: Duration,
@@ -44,6 +47,7 @@ impl Default for RelayConfig {
         RelayConfig {
             owner: format!("relay-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]),
             batch: 64,
+            run_per_key: 64,
             lease: Duration::from_secs(30),
             publish_timeout: Duration::from_secs(10),
             poll: Duration::from_millis(100),
@@ -125,7 +129,11 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
         let now = dtx_sql::now_ms();
         let lease_until = now + c.lease.as_millis() as i64;
         let mut tx = DB::begin(&self.pool).await?;
-        let events = sql::claim(DB::conn(&mut tx), &c.owner, now, lease_until, c.batch).await?;
+        let limits = sql::Limits {
+            batch: c.batch,
+            run_per_key: c.run_per_key,
+        };
+        let events = sql::claim(DB::conn(&mut tx), &c.owner, now, lease_until, limits).await?;
         tx.commit().await?;
         if events.is_empty() {
             return Ok(0);

@@ -105,17 +105,25 @@ pub(crate) async fn insert<C: Conn>(
     Ok(())
 }
 
-/// Claims up to `limit` due rows for `owner` until `lease_until`, in the caller's transaction,
-/// in id order: the oldest unsent row of each key that has one due, and - while the limit
-/// allows, shared evenly among those keys - the rows that follow it, so a backlog on few keys
+/// How much one claim takes: rows in all, rows of one key.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Limits {
+    pub batch: i64,
+    pub run_per_key: i64,
+}
+
+/// Claims up to `limits.batch` due rows for `owner` until `lease_until`, in the caller's transaction,
+/// in id order: the oldest unsent row of each key that has one due, and - while the limits
+/// allow, shared evenly among those keys - the rows that follow it, so a backlog on few keys
 /// moves many rows per round. The caller publishes each key's rows in sequence.
 pub(crate) async fn claim<C: Conn>(
     conn: &mut C,
     owner: &str,
     now: i64,
     lease_until: i64,
-    limit: i64,
+    limits: Limits,
 ) -> Result<Vec<Event>, Error> {
+    let limit = limits.batch;
     let rows = conn
         .fetch_all(
             CLAIMABLE.pick(C::DIALECT),
@@ -124,8 +132,9 @@ pub(crate) async fn claim<C: Conn>(
         .await?;
     let mut events = rows.iter().map(event).collect::<Result<Vec<_>, _>>()?;
     let room = limit - events.len() as i64;
-    if !events.is_empty() && room > 0 {
-        let per_key = (room + events.len() as i64 - 1) / events.len() as i64;
+    if !events.is_empty() && room > 0 && limits.run_per_key > 1 {
+        let fair_share = (room + events.len() as i64 - 1) / events.len() as i64;
+        let per_key = fair_share.min(limits.run_per_key - 1);
         let followers = followers(conn, &events, per_key, now).await?;
         events.extend(followers.into_iter().take(room as usize));
         events.sort_by_key(|e| e.id);

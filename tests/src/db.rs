@@ -207,3 +207,17 @@ macro_rules! test_on_all_databases {
         }
     };
 }
+
+/// A test binary's main: runs `run::<DB>(args)` on the backend its `--db` URL names.
+#[macro_export]
+macro_rules! run_on_backend_of {
+    ($url:expr, $run:ident($args:expr)) => {{
+        let url: String = $url.to_string();
+        match dtx_sql::dialect_of_url(&url) {
+            Some(dtx_sql::Dialect::Postgres) => $run::<dtx_sql::sqlx::Postgres>($args).await,
+            Some(dtx_sql::Dialect::MySql) => $run::<dtx_sql::sqlx::MySql>($args).await,
+            Some(dtx_sql::Dialect::Sqlite) => $run::<dtx_sql::sqlx::Sqlite>($args).await,
+            None => panic!("--db {url:?}: not a database URL"),
+        }
+    }};
+}

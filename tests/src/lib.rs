@@ -16,6 +16,7 @@ pub mod participant;
 pub mod pki;
 pub mod python;
 pub mod scrape;
+pub mod shop;
 pub mod webhook;
 pub mod world;
 

@@ -40,6 +40,7 @@ pub fn config(owner: &str) -> RelayConfig {
     RelayConfig {
         owner: owner.into(),
         batch: 8,
+        run_per_key: 8,
         lease: Duration::from_millis(500),
         publish_timeout: Duration::from_secs(2),
         poll: Duration::from_millis(10),

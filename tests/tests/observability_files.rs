@@ -16,13 +16,14 @@ fn repo_file(name: &str) -> (PathBuf, String) {
 }
 
 /// Every exported metric name: the coordinator's, the idempotency records', the barrier's, the
-/// outbox's.
+/// outbox's, the payment callbacks'.
 fn exported() -> BTreeSet<&'static str> {
     dtx_coordinator::engine::METRIC_NAMES
         .iter()
         .chain(dtx_sdk::idempotency::metrics::METRIC_NAMES)
         .chain(dtx_sdk::metrics::METRIC_NAMES)
         .chain(dtx_outbox::metrics::METRIC_NAMES)
+        .chain(dtx_payments::metrics::METRIC_NAMES)
         .copied()
         .collect()
 }

@@ -398,3 +398,41 @@ test_on_all_databases!(
     outbox_exports_every_metric,
     &[Schema::Outbox, Schema::Idempotency]
 );
+
+/// The payment callbacks' counter, by provider and outcome: an unsigned callback is refused
+/// and counted as `bad_signature`.
+async fn payment_callbacks_are_counted<DB: TestBackend>(db: &'static TestDb<DB>) {
+    use dtx_payments::metrics::CALLBACKS;
+    exporter();
+    let provider = name::<DB>("pay");
+    let verifier = dtx_payments::HmacSha256::new(
+        dtx_payments::http::HeaderName::from_static("x-pay-signature"),
+        "secret",
+    );
+    let callbacks = dtx_payments::Callbacks::builder(
+        db.pool.clone(),
+        &provider,
+        "shop-1",
+        verifier,
+        dtx_tests::shop::orders(),
+    )
+    .event("payment.succeeded", "PAID", "order.paid")
+    .build()
+    .unwrap();
+    let answered = callbacks.answer(&Default::default(), b"{}").await;
+    assert!(matches!(
+        answered.handled,
+        dtx_payments::Handled::BadSignature(_)
+    ));
+    let s = scrape();
+    let labels = [
+        ("provider", provider.as_str()),
+        ("outcome", "bad_signature"),
+    ];
+    assert_eq!(s.sum(CALLBACKS, &labels), 1.0, "{}", s.text);
+    for name in dtx_payments::metrics::METRIC_NAMES {
+        assert!(s.names.contains(*name), "{name} is not rendered");
+    }
+}
+
+test_on_all_databases!(payment_callbacks_are_counted, &[Schema::Payments]);

@@ -51,6 +51,9 @@ struct Args {
     /// Rows one relay round claims.
     #[arg(long, default_value_t = 256)]
     batch: i64,
+    /// Rows of one key a relay round claims (the relay's default: 64).
+    #[arg(long, default_value_t = 64)]
+    run_per_key: i64,
     /// `nats` (JetStream, file storage) or `rabbitmq` (a durable queue, publisher confirms).
     #[arg(long, default_value = "nats")]
     broker: String,
@@ -121,7 +124,14 @@ async fn run<DB: Backend>(args: Args) -> Result<(), Error> {
     let direct_rate = published.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64();
 
     // Keeping up: producers enqueue while one relay publishes and one consumer receives.
-    let live = Phase::start(&args, &pool, &broker, &broker.topic("live").await?).await?;
+    let live = Phase::start(
+        &args,
+        &pool,
+        &broker,
+        &broker.topic("live").await?,
+        args.run_per_key,
+    )
+    .await?;
     let produced = produce::<DB>(&args, &pool, &live.topic, window).await;
     let (got, took, latency) = live.finish(produced).await;
     println!(
@@ -142,20 +152,32 @@ async fn run<DB: Backend>(args: Args) -> Result<(), Error> {
     );
     check(got, produced)?;
 
-    // Capacity: a backlog enqueued first, then one relay drains it.
-    let topic = broker.topic("backlog").await?;
-    let produced = produce::<DB>(&args, &pool, &topic, window).await;
-    let drain = Phase::start(&args, &pool, &broker, &topic).await?;
-    let (got, took, _) = drain.finish(produced).await;
-    let rate = got as f64 / took.as_secs_f64();
+    // Capacity: a backlog enqueued first, then one relay drains it - first claiming only
+    // each key's oldest row per round (the baseline), then runs of up to `--run-per-key`.
+    let mut rates = Vec::new();
+    for (name, run_per_key) in [("baseline", 1), ("runs", args.run_per_key)] {
+        let topic = broker.topic(&format!("backlog-{name}")).await?;
+        let produced = produce::<DB>(&args, &pool, &topic, window).await;
+        let drain = Phase::start(&args, &pool, &broker, &topic, run_per_key).await?;
+        let (got, took, _) = drain.finish(produced).await;
+        let rate = got as f64 / took.as_secs_f64();
+        println!(
+            "{} one relay draining a backlog of {produced} ({run_per_key} rows per key a \
+             round): {rate:.0} events/s ({:.2}x the {direct_rate:.0}/s of {} publishers \
+             straight to the broker)",
+            args.broker,
+            stats::ratio(rate, direct_rate),
+            args.producers,
+        );
+        check(got, produced)?;
+        rates.push(rate);
+    }
     println!(
-        "{} one relay draining a backlog of {produced}: {rate:.0} events/s ({:.2}x the \
-         {direct_rate:.0}/s of {} publishers straight to the broker)",
+        "{} runs of a key per round drain {:.2}x the one-row-per-key baseline ({} keys)",
         args.broker,
-        stats::ratio(rate, direct_rate),
-        args.producers,
+        stats::ratio(rates[1], rates[0]),
+        args.keys
     );
-    check(got, produced)?;
     broker.clean_up().await;
     pool.close().await;
     DB::execute_script(&admin, "DROP DATABASE IF EXISTS dtx_bench_outbox".into()).await?;
@@ -228,11 +250,13 @@ struct Phase {
 }
 
 impl Phase {
+    /// A consumer on `topic` and a relay claiming at most `run_per_key` rows of a key a round.
     async fn start<DB: Backend>(
         args: &Args,
         pool: &sqlx::Pool<DB>,
         broker: &Broker,
         topic: &str,
+        run_per_key: i64,
     ) -> Result<Phase, Error> {
         let received = Arc::new(AtomicU64::new(0));
         let latencies = Arc::new(std::sync::Mutex::new(Vec::<u32>::new()));
@@ -254,6 +278,7 @@ impl Phase {
         let consumer = broker.consume(topic, record).await?;
         let relay = Relay::new(pool.clone(), broker.publisher().await?).with_config(RelayConfig {
             batch: args.batch,
+            run_per_key,
             poll: Duration::from_millis(5),
             retention: None,
             ..RelayConfig::default()

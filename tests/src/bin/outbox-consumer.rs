@@ -10,7 +10,7 @@ use std::time::Duration;
 use clap::Parser;
 use dtx_sdk::idempotency::consumer::{Consumer, Delivery};
 use dtx_sdk::idempotency::{Idempotency, RequestHash};
-use dtx_sql::{Backend, Dialect, sqlx};
+use dtx_sql::Backend;
 use futures::StreamExt;
 
 #[derive(Parser)]
@@ -71,10 +71,5 @@ async fn run<DB: Backend>(args: Args) {
 #[tokio::main]
 async fn main() {
     let args = Args::parse();
-    match dtx_sql::dialect_of_url(&args.db) {
-        Some(Dialect::Postgres) => run::<sqlx::Postgres>(args).await,
-        Some(Dialect::MySql) => run::<sqlx::MySql>(args).await,
-        Some(Dialect::Sqlite) => run::<sqlx::Sqlite>(args).await,
-        None => panic!("--db {:?}: not a database URL", args.db),
-    }
+    dtx_tests::run_on_backend_of!(args.db, run(args));
 }

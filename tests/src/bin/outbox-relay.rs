@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use dtx_outbox::{Event, JetStream, Publisher, Relay, RelayConfig};
-use dtx_sql::{Backend, Dialect, sqlx};
+use dtx_sql::Backend;
 use futures::future::BoxFuture;
 
 #[derive(Parser)]
@@ -65,10 +65,5 @@ async fn run<DB: Backend>(args: Args) {
 #[tokio::main]
 async fn main() {
     let args = Args::parse();
-    match dtx_sql::dialect_of_url(&args.db) {
-        Some(Dialect::Postgres) => run::<sqlx::Postgres>(args).await,
-        Some(Dialect::MySql) => run::<sqlx::MySql>(args).await,
-        Some(Dialect::Sqlite) => run::<sqlx::Sqlite>(args).await,
-        None => panic!("--db {:?}: not a database URL", args.db),
-    }
+    dtx_tests::run_on_backend_of!(args.db, run(args));
 }
