@@ -3,13 +3,13 @@
 
 pub mod auth;
 pub mod barrier;
+pub mod brokers;
 pub mod browser;
 pub mod chaos;
 pub mod coordinator;
 pub mod db;
 pub mod idempotency;
 pub mod ledger;
-pub mod nats_server;
 pub mod net;
 pub mod outbox;
 pub mod participant;

@@ -140,9 +140,13 @@ async fn huge_streamed_bodies_are_refused_early_and_memory_stays_bounded() {
             sent >> 20
         );
     }
+    // Bounded, not tight: reading even one of the 256 MiB bodies would add 256 MiB, while
+    // four bodies refused at the limit cost their limit-sized buffers (each collected buffer
+    // may double while it grows) plus what the allocator keeps per thread: 64 MiB was reached
+    // once in a clean CI run.
     let grown = peak_rss_kib(coordinator.pid()).saturating_sub(before);
     assert!(
-        grown < 64 << 10,
+        grown < 128 << 10,
         "peak memory grew by {} MiB for four refused bodies",
         grown >> 10
     );

@@ -1,14 +1,16 @@
-//! An outbox relay as a process of its own, for the test that SIGKILLs one mid-batch
-//! (`tests/outbox_nats.rs`): relays the outbox of `--db` to the JetStream at `--nats` with the
-//! lease `--lease-ms`, printing `published <event_id>` once the stream acknowledged an event -
-//! and then holding that row's round for `--hold-ms` before marking it sent, so the test can
-//! kill it between the broker's ack and the row's update.
+//! An outbox relay as a process of its own, for the tests that SIGKILL one
+//! (`tests/outbox_nats.rs`, `tests/outbox_faults.rs`): relays the outbox of `--db` to the
+//! JetStream at `--nats` or the RabbitMQ at `--amqp` (default exchange: a topic names a queue)
+//! with the lease `--lease-ms`, printing `published <event_id>` once the broker confirmed an
+//! event - and then holding that row's round for `--hold-ms` before marking it sent, so a test
+//! can kill it between the broker's ack and the row's update. It exits when its RabbitMQ
+//! connection is lost (lapin does not reconnect); the tests start it again.
 
 use std::io::Write;
 use std::time::Duration;
 
 use clap::Parser;
-use dtx_outbox::{Event, JetStream, Publisher, Relay, RelayConfig};
+use dtx_outbox::{Event, JetStream, Publisher, RabbitMq, Relay, RelayConfig};
 use dtx_sql::Backend;
 use futures::future::BoxFuture;
 
@@ -16,24 +18,32 @@ use futures::future::BoxFuture;
 struct Args {
     #[arg(long)]
     db: String,
+    #[arg(long, required_unless_present = "amqp")]
+    nats: Option<String>,
     #[arg(long)]
-    nats: String,
+    amqp: Option<String>,
     #[arg(long, default_value_t = 500)]
     lease_ms: u64,
     #[arg(long, default_value_t = 0)]
     hold_ms: u64,
 }
 
-/// JetStream, announcing each acknowledged event and then holding its round.
+/// The broker's publisher, announcing each confirmed event and then holding its round.
 struct Announcing {
-    inner: JetStream,
+    inner: Box<dyn Publisher>,
+    /// The RabbitMQ connection, to exit once it is lost.
+    amqp: Option<lapin::Connection>,
     hold: Duration,
 }
 
 impl Publisher for Announcing {
     fn publish<'a>(&'a self, event: &'a Event) -> BoxFuture<'a, Result<(), String>> {
         Box::pin(async move {
-            self.inner.publish(event).await?;
+            let published = self.inner.publish(event).await;
+            if published.is_err() && self.amqp.as_ref().is_some_and(|c| !c.status().connected()) {
+                std::process::exit(5);
+            }
+            published?;
             println!("published {}", event.event_id);
             std::io::stdout().flush().ok();
             tokio::time::sleep(self.hold).await;
@@ -44,9 +54,28 @@ impl Publisher for Announcing {
 
 async fn run<DB: Backend>(args: Args) {
     let pool = DB::connect(&args.db, 4).await.expect("database");
-    let client = async_nats::connect(args.nats.as_str()).await.expect("nats");
+    let (inner, amqp): (Box<dyn Publisher>, _) = match (&args.nats, &args.amqp) {
+        (_, Some(url)) => {
+            let properties = lapin::ConnectionProperties::default();
+            let connection = lapin::Connection::connect(url, properties)
+                .await
+                .expect("rabbitmq");
+            let channel = connection.create_channel().await.expect("a channel");
+            let publisher = RabbitMq::new(channel, "").await.expect("confirm mode");
+            (Box::new(publisher), Some(connection))
+        }
+        (Some(url), None) => {
+            let client = async_nats::connect(url.as_str()).await.expect("nats");
+            (
+                Box::new(JetStream::new(async_nats::jetstream::new(client))),
+                None,
+            )
+        }
+        (None, None) => unreachable!("clap requires one"),
+    };
     let publisher = Announcing {
-        inner: JetStream::new(async_nats::jetstream::new(client)),
+        inner,
+        amqp,
         hold: Duration::from_millis(args.hold_ms),
     };
     let config = RelayConfig {
