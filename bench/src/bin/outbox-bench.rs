@@ -152,30 +152,53 @@ async fn run<DB: Backend>(args: Args) -> Result<(), Error> {
     );
     check(got, produced)?;
 
-    // Capacity: a backlog enqueued first, then one relay drains it - first claiming only
-    // each key's oldest row per round (the baseline), then runs of up to `--run-per-key`.
-    let mut rates = Vec::new();
-    for (name, run_per_key) in [("baseline", 1), ("runs", args.run_per_key)] {
-        let topic = broker.topic(&format!("backlog-{name}")).await?;
+    // Capacity: a backlog enqueued first, then one relay drains it - claiming only each key's
+    // oldest row per round (the baseline) or runs of up to `--run-per-key`, in the order
+    // baseline, runs, runs, baseline, with fresh planner statistics before each drain (the
+    // first drain after a bulk insert otherwise meets a planner that thinks the table empty).
+    let mut rates = [Vec::new(), Vec::new()];
+    for (arm, run_per_key) in [(0, 1), (1, args.run_per_key), (1, args.run_per_key), (0, 1)] {
+        let topic = broker
+            .topic(&format!("backlog-{}-{arm}", rates[arm].len()))
+            .await?;
         let produced = produce::<DB>(&args, &pool, &topic, window).await;
+        let analyze = match <DB::Conn as dtx_sql::Conn>::DIALECT {
+            Dialect::MySql => "ANALYZE TABLE dtx_outbox",
+            _ => "ANALYZE dtx_outbox",
+        };
+        DB::execute_script(&pool, analyze.into()).await?;
         let drain = Phase::start(&args, &pool, &broker, &topic, run_per_key).await?;
         let (got, took, _) = drain.finish(produced).await;
+        // A slow arm is measured on what it moved before the two-minute cut.
         let rate = got as f64 / took.as_secs_f64();
+        let cut = if got < produced {
+            format!(", cut after {:.0} s", took.as_secs_f64())
+        } else {
+            String::new()
+        };
         println!(
             "{} one relay draining a backlog of {produced} ({run_per_key} rows per key a \
-             round): {rate:.0} events/s ({:.2}x the {direct_rate:.0}/s of {} publishers \
-             straight to the broker)",
+             round): {got} in {:.1} s{cut}, {rate:.0} events/s ({:.2}x the {direct_rate:.0}/s \
+             of {} publishers straight to the broker)",
             args.broker,
+            took.as_secs_f64(),
             stats::ratio(rate, direct_rate),
             args.producers,
         );
-        check(got, produced)?;
-        rates.push(rate);
+        rates[arm].push(rate);
+        // What a cut arm left must not compete with the next one.
+        DB::execute_script(
+            &pool,
+            "DELETE FROM dtx_outbox WHERE status = 'PENDING'".into(),
+        )
+        .await?;
     }
+    let mean = |r: &[f64]| r.iter().sum::<f64>() / r.len() as f64;
     println!(
-        "{} runs of a key per round drain {:.2}x the one-row-per-key baseline ({} keys)",
+        "{} runs of a key per round drain {:.2}x the one-row-per-key baseline ({} keys, means \
+         of two drains each)",
         args.broker,
-        stats::ratio(rates[1], rates[0]),
+        stats::ratio(mean(&rates[1]), mean(&rates[0])),
         args.keys
     );
     broker.clean_up().await;
