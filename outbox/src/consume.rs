@@ -7,7 +7,7 @@
 //! | outcome | JetStream | RabbitMQ |
 //! |---|---|---|
 //! | processed, duplicate | ack | ack |
-//! | the handler failed, or another consumer holds the event | nak: delivered again | nack, requeued |
+//! | the handler failed, or another consumer holds the event | nak, delivered again after [`RETRY_AFTER`] | nack after [`RETRY_AFTER`], requeued |
 //! | same id, other content (a producer bug): logged and counted, the first processing stands | term | reject, not requeued (dead-letter exchange) |
 
 use bytes::Bytes;
@@ -18,6 +18,12 @@ use futures::future::BoxFuture;
 use metrics::counter;
 
 use crate::Error;
+
+/// How long a delivery that could not be applied now waits before it comes again: without it
+/// a failing handler, or an event another consumer is applying, would be redelivered at once,
+/// over and over. (JetStream delays the redelivery; for RabbitMQ, which has no delayed requeue
+/// without a dead-letter set-up, the helper waits before its nack.)
+pub const RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// How the broker is to settle a delivery.
 enum Settle {
@@ -78,7 +84,7 @@ where
     let (settle, outcome) = decide(consumer, &event_id, message.payload.clone(), &apply).await;
     let kind = match settle {
         Settle::Ack => AckKind::Ack,
-        Settle::Retry => AckKind::Nak(None),
+        Settle::Retry => AckKind::Nak(Some(RETRY_AFTER)),
         Settle::DeadLetter => AckKind::Term,
     };
     message.ack_with(kind).await.map_err(Error::ack)?;
@@ -117,6 +123,7 @@ where
     match settle {
         Settle::Ack => acker.ack(BasicAckOptions::default()).await,
         Settle::Retry => {
+            tokio::time::sleep(RETRY_AFTER).await;
             let requeue = BasicNackOptions {
                 requeue: true,
                 ..Default::default()

@@ -1,7 +1,7 @@
 //! The relay: claims due rows, publishes them (the rows of one key in sequence, different keys
 //! at once), marks each sent once the broker confirmed it, or schedules its retry with backoff
-//! and parks it after the attempt limit (the rest of its key's rows wait for it). It also deletes old sent rows and
-//! keeps the backlog gauges current.
+//! and parks it after the attempt limit (the rest of its key's rows wait for it). It also
+//! deletes old sent rows and keeps the backlog gauges current.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -59,10 +59,17 @@ impl Default for RelayConfig {
 }
 
 /// How one key's run of a round went: its first `published` rows went out; the next one failed
-/// with `error`, and the rest were not tried.
+/// with `error` (if any), and the rest were not tried.
 struct RunOutcome {
     published: usize,
     error: Option<String>,
+}
+
+impl RunOutcome {
+    /// Where the rows that were not tried begin.
+    fn untried_from(&self) -> usize {
+        self.published + usize::from(self.error.is_some())
+    }
 }
 
 /// Publishes the outbox of one database through one publisher.
@@ -148,17 +155,20 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
             });
             runs[run].push(event);
         }
+        // A run stops starting publishes at half the lease, so that no row of it is still
+        // being published when its claim runs out and another relay may take it.
+        let stop_at = Instant::now() + c.lease / 2;
         let outcomes =
-            futures::future::join_all(runs.iter().map(|run| self.publish_run(run))).await;
+            futures::future::join_all(runs.iter().map(|run| self.publish_run(run, stop_at))).await;
         let mut conn = self.pool.acquire().await?;
         let conn = DB::pooled(&mut conn);
         let (mut sent, mut untried) = (Vec::with_capacity(events.len()), Vec::new());
         for (run, outcome) in runs.iter().zip(outcomes) {
             sent.extend_from_slice(&run[..outcome.published]);
-            if let Some(error) = outcome.error {
-                self.failed(conn, run[outcome.published], &error).await?;
-                untried.extend(run[outcome.published + 1..].iter().map(|e| e.id));
+            if let Some(error) = &outcome.error {
+                self.failed(conn, run[outcome.published], error).await?;
             }
+            untried.extend(run[outcome.untried_from()..].iter().map(|e| e.id));
         }
         sql::release(conn, &c.owner, &untried).await?;
         let now = dtx_sql::now_ms();
@@ -172,9 +182,16 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
         Ok(events.len())
     }
 
-    /// Publishes one key's rows in order, stopping at the first that fails.
-    async fn publish_run(&self, run: &[&Event]) -> RunOutcome {
+    /// Publishes one key's rows in order, stopping at the first that fails, or before a row
+    /// after `stop_at` (the first one always goes).
+    async fn publish_run(&self, run: &[&Event], stop_at: Instant) -> RunOutcome {
         for (published, event) in run.iter().enumerate() {
+            if published > 0 && Instant::now() >= stop_at {
+                return RunOutcome {
+                    published,
+                    error: None,
+                };
+            }
             if let Err(error) = self.publish(event).await {
                 return RunOutcome {
                     published,
