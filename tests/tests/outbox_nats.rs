@@ -140,6 +140,60 @@ async fn a_round_moves_a_keys_backlog_in_order_and_stops_at_a_failure<DB: TestBa
     assert_eq!(payloads, expected);
 }
 
+/// Publishes through `inner`, each confirmation taking `delay` longer.
+struct Slow<P> {
+    inner: P,
+    delay: Duration,
+}
+
+impl<P: Publisher> Publisher for Slow<P> {
+    fn publish<'a>(&'a self, event: &'a Event) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(async move {
+            tokio::time::sleep(self.delay).await;
+            self.inner.publish(event).await
+        })
+    }
+}
+
+/// A key's run starts no publish after half the relay's lease: with 150 ms per publish and a
+/// 500 ms lease, a round claims 8 rows of one key but publishes only the first few, and frees
+/// the rest at once - another relay takes them immediately instead of after the lease, and no
+/// row is still being published when its claim could pass to someone else.
+async fn a_run_stops_at_half_the_lease_and_frees_the_rest<DB: TestBackend>(
+    db: &'static TestDb<DB>,
+) {
+    let Some(client) = nats().await else { return };
+    let js = jetstream::new(client);
+    let (stream, prefix) = stream_for_run(&js).await;
+    let topic = format!("{prefix}.orders");
+    let mut ids = Vec::new();
+    for n in 0..8 {
+        ids.push(enqueue(&db.pool, &topic, "k", &format!("k:{n}"), true).await);
+    }
+    let slow = Slow {
+        inner: JetStream::new(js.clone()),
+        delay: Duration::from_millis(150),
+    };
+    let relay = Relay::new(db.pool.clone(), slow).with_config(config("slow"));
+    assert_eq!(relay.round().await.unwrap(), 8, "the whole run is claimed");
+    let mut sent = 0;
+    for id in &ids {
+        if dtx_outbox::status(&db.pool, id).await.unwrap().unwrap().0 == "SENT" {
+            sent += 1;
+        }
+    }
+    assert!(
+        (1..=3).contains(&sent),
+        "{sent} of 8 published before half the lease"
+    );
+    // Freed, not leased: the next relay's first round takes all the rest.
+    let relay = Relay::new(db.pool.clone(), JetStream::new(js.clone())).with_config(config("next"));
+    assert_eq!(relay.round().await.unwrap(), 8 - sent);
+    let payloads: Vec<String> = read_all(&stream).await.into_iter().map(|m| m.2).collect();
+    let expected: Vec<String> = (0..8).map(|n| format!("k:{n}")).collect();
+    assert_eq!(payloads, expected);
+}
+
 async fn a_relay_dying_mid_batch_leaves_its_rows_to_another<DB: TestBackend>(
     db: &'static TestDb<DB>,
 ) {
@@ -382,6 +436,7 @@ test_on_all_databases!(
     a_round_moves_a_keys_backlog_in_order_and_stops_at_a_failure,
     SCHEMAS
 );
+test_on_all_databases!(a_run_stops_at_half_the_lease_and_frees_the_rest, SCHEMAS);
 test_on_all_databases!(
     an_unpublishable_event_parks_and_holds_its_key_until_republished,
     SCHEMAS
