@@ -1,10 +1,10 @@
-//! The coordinator's one error type. Each variant is a distinct, documented gRPC code (see
-//! `dtx.proto`); the conversion to `tonic::Status` lives in [`crate::grpc`].
+//! The request path's error type. Each variant is a distinct, documented gRPC code (see
+//! `dtx.proto`); the conversion to `tonic::Status` lives in [`crate::grpc`]. What stops the
+//! process before it serves is [`crate::startup::StartError`], not this.
 
 use dtx_proto::limits::LimitError;
 
 use crate::domain::TxStatus;
-use crate::startup::StartFailure;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -35,37 +35,17 @@ pub enum Error {
     /// is unknown (the one cause is shared by every caller of the batch). -> UNAVAILABLE
     #[error("store unavailable, outcome unknown: {0}")]
     Unavailable(String),
-    #[error("store migration failed: {0}")]
-    Migrate(#[from] dtx_sql::sqlx::migrate::MigrateError),
     /// The store holds something the coordinator cannot read (a bug or manual edit). -> INTERNAL
     #[error("corrupt store row: {0}")]
     Corrupt(String),
-    /// Binding or serving the network failed.
-    #[error("network: {0}")]
-    Io(#[from] std::io::Error),
     /// The coordinator is shutting down. -> UNAVAILABLE
     #[error("coordinator is shutting down")]
     ShuttingDown,
-    /// The coordinator could not start; the message is a sentence for the operator.
-    #[error("{message}")]
-    Start {
-        failure: StartFailure,
-        message: String,
-    },
 }
 
 impl Error {
     /// Whether the store's connection was lost (the outcome of a write in flight is unknown),
     /// as opposed to an error of one statement.
-    /// The process exit code for this error: a [`StartFailure`]'s own, 1 for a failure while
-    /// serving.
-    pub fn exit_code(&self) -> u8 {
-        match self {
-            Error::Start { failure, .. } => *failure as u8,
-            _ => 1,
-        }
-    }
-
     pub fn is_connection_lost(&self) -> bool {
         match self {
             Error::Store(e) => dtx_sql::is_connection_error(e),

@@ -130,12 +130,10 @@ impl From<Error> for Status {
             }
             Error::WrongState(m) => Status::failed_precondition(m),
             Error::Forbidden(m) => Status::permission_denied(m),
-            Error::Store(_)
-            | Error::Unavailable(_)
-            | Error::Migrate(_)
-            | Error::Io(_)
-            | Error::ShuttingDown => Status::unavailable(e.to_string()),
-            Error::Corrupt(_) | Error::Start { .. } => Status::internal(e.to_string()),
+            Error::Store(_) | Error::Unavailable(_) | Error::ShuttingDown => {
+                Status::unavailable(e.to_string())
+            }
+            Error::Corrupt(_) => Status::internal(e.to_string()),
         }
     }
 }

@@ -12,10 +12,10 @@ use crate::admin::AdminService;
 use crate::auth::Auth;
 use crate::config::Config;
 use crate::engine::Engine;
-use crate::error::Result;
 use crate::grpc::CoordinatorService;
 use crate::listen::{self, Limits, Listener, Protocol};
 use crate::startup;
+use crate::startup::Result;
 
 /// Largest form the console accepts (a reason and an operator name).
 const CONSOLE_MAX_BODY: usize = 16 << 10;
@@ -28,12 +28,16 @@ pub async fn run(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<()> {
-    let (store, _sqlite_lock) = startup::open_store(&config.store, config.store_options()).await?;
+    // Every flag is checked before the store is opened: a bad value touches nothing.
     let mut engine_config = config.engine();
     engine_config.participant_tls = startup::participant_tls(&config)?;
     engine_config.allow = std::sync::Arc::new(startup::allowlist(&config)?);
+    let call_signer = startup::call_signer(&config)?;
+    let auth = startup::auth(&config)?;
+    let tls = startup::tls(&config)?;
+    let (store, _sqlite_lock) = startup::open_store(&config.store, config.store_options()).await?;
     let engine = Engine::new(store, engine_config);
-    engine.set_call_signer(startup::call_signer(&config)?);
+    engine.set_call_signer(call_signer);
     engine.start_background();
     tracing::info!(
         addr = %listener.local_addr()?,
@@ -42,10 +46,8 @@ pub async fn run(
         "coordinator serving"
     );
 
-    let auth = startup::auth(&config)?;
     let quotas = Arc::new(crate::quota::Quotas::new(config.quota_limits()));
     report_auth(&auth, &config);
-    let tls = startup::tls(&config)?;
     if let Some(tls) = &tls {
         tracing::info!(
             mtls = tls.requires_client_certificates(),
@@ -379,12 +381,11 @@ pub fn init_logging(otlp_endpoint: Option<&str>) -> Result<Tracing> {
                 .with_tonic()
                 .with_endpoint(endpoint)
                 .build()
-                .map_err(|e| crate::Error::Start {
-                    failure: startup::StartFailure::Config,
-                    message: format!(
-                        "cannot export spans to {endpoint:?} (--otlp-endpoint): {e}. Give \
-                             the collector's gRPC URL, e.g. http://127.0.0.1:4317."
-                    ),
+                .map_err(|e| {
+                    startup::StartFailure::Config.error(format!(
+                        "cannot export spans to {endpoint:?} (--otlp-endpoint): {e}. Give the \
+                         collector's gRPC URL, e.g. http://127.0.0.1:4317."
+                    ))
                 })?;
             let resource = opentelemetry_sdk::Resource::builder()
                 .with_service_name("dtx-coordinator")

@@ -11,11 +11,13 @@ use std::str::FromStr;
 
 use tokio::net::TcpListener;
 
-use crate::error::{Error, Result};
+use crate::store::OpenError;
 
-/// Why the coordinator could not start; the process exits with this code.
+/// Why the coordinator process stops with an error; the process exits with this code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StartFailure {
+    /// It failed while serving (after a clean start).
+    Serving = 1,
     /// A flag's value is unusable (clap's own usage errors also exit with 2).
     Config = 2,
     /// A listen address cannot be bound.
@@ -25,13 +27,44 @@ pub enum StartFailure {
 }
 
 impl StartFailure {
-    fn error(self, message: String) -> Error {
-        Error::Start {
+    pub(crate) fn error(self, message: impl Into<String>) -> StartError {
+        StartError {
             failure: self,
-            message,
+            message: message.into(),
         }
     }
 }
+
+/// What stops the coordinator process: a sentence for the operator and its exit code. The
+/// request path's errors are [`crate::Error`]; one that ends the serving loop becomes a
+/// [`StartFailure::Serving`].
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct StartError {
+    pub failure: StartFailure,
+    pub message: String,
+}
+
+impl StartError {
+    /// The process exit code (the README's "Exit codes" table).
+    pub fn exit_code(&self) -> u8 {
+        self.failure as u8
+    }
+}
+
+impl From<crate::Error> for StartError {
+    fn from(e: crate::Error) -> Self {
+        StartFailure::Serving.error(e.to_string())
+    }
+}
+
+impl From<std::io::Error> for StartError {
+    fn from(e: std::io::Error) -> Self {
+        StartFailure::Serving.error(format!("network: {e}"))
+    }
+}
+
+pub type Result<T, E = StartError> = std::result::Result<T, E>;
 
 /// The listeners' TLS configuration, if `--tls-cert` is given; unreadable files stop the start
 /// with a sentence naming them.
@@ -175,26 +208,27 @@ pub async fn open_store(
     Ok((store, lock))
 }
 
-fn store_message(shown: &str, e: &Error) -> String {
+fn store_message(shown: &str, e: &OpenError) -> String {
     match e {
-        Error::Migrate(e) => format!(
+        OpenError::Scheme(_) => e.to_string(),
+        OpenError::Migrate(e) => format!(
             "the store {shown} (--store) is reachable but its schema cannot be brought up to \
              date: {e}. If a newer coordinator migrated it, run that version; otherwise restore \
              the database or point --store at another one."
         ),
-        Error::Store(e) if dtx_sql::is_connection_error(e) => format!(
+        OpenError::Connect(e) if dtx_sql::is_connection_error(e) => format!(
             "cannot connect to the store {shown} (--store): {e}. Check that the database server \
              runs and that the URL's host and port are right."
         ),
-        Error::Store(e) if e.as_database_error().is_some() => format!(
+        OpenError::Connect(e) if e.as_database_error().is_some() => format!(
             "the store {shown} (--store) refused the coordinator: {e}. Check the URL's user, \
              password and database name, and that this user may create tables in it."
         ),
-        Error::Store(e) => format!(
+        OpenError::Connect(e) => format!(
             "cannot open the store {shown} (--store): {e}. Check the URL, and for SQLite that \
              the file's directory exists and is writable."
         ),
-        other => format!("cannot open the store {shown} (--store): {other}."),
+        OpenError::FirstRead(e) => format!("cannot open the store {shown} (--store): {e}."),
     }
 }
 
@@ -311,16 +345,7 @@ mod tests {
         let url = format!("sqlite://{}", dir.path().join("c.db").display());
         let first = InstanceLock::acquire(&url).unwrap().expect("a file store");
         let refused = InstanceLock::acquire(&url).unwrap_err();
-        assert!(
-            matches!(
-                refused,
-                Error::Start {
-                    failure: StartFailure::Store,
-                    ..
-                }
-            ),
-            "{refused:?}"
-        );
+        assert!(refused.failure == StartFailure::Store, "{refused:?}");
         let message = refused.to_string();
         assert!(
             message.contains("in use by another running coordinator"),

@@ -145,3 +145,29 @@ async fn a_second_coordinator_on_one_sqlite_file_is_refused_until_the_first_dies
     let second = Process::start(BIN, &store, &[]).await;
     second.client().await;
 }
+
+/// An alert webhook is a target like any other: one outside `--allow-target` (here the cloud
+/// metadata address, and a loopback port the rules leave out) stops the start with a usage
+/// error naming the flag and the fix, before anything listens or is stored.
+#[tokio::test]
+async fn a_webhook_outside_the_allowlist_is_a_usage_error_with_exit_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = sqlite_url(&dir);
+    for (webhook, rules) in [
+        ("http://169.254.169.254/latest/meta-data", &[][..]),
+        (
+            "http://127.0.0.1:9/hook",
+            &["--allow-target", "http://127.0.0.1:8080"][..],
+        ),
+    ] {
+        let mut args = vec!["--store", &store, "--alert-webhook", webhook];
+        args.extend(rules);
+        let (code, stderr) = run_failing(&args).await;
+        assert_eq!(code, 2, "{webhook}: {stderr}");
+        assert_sentence(&stderr, &["--alert-webhook", "--allow-target"]);
+    }
+    assert!(
+        !dir.path().join("dtx.db").exists(),
+        "the store was opened before the flags were checked"
+    );
+}

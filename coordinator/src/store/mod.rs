@@ -334,9 +334,27 @@ impl Default for StoreOptions {
     }
 }
 
+/// Why a store could not be opened. Only start-up meets these, so they stay out of the
+/// request path's [`Error`]; [`crate::startup`] turns them into sentences for the operator.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// No store of that scheme.
+    #[error("store URL {0:?} must start with sqlite://, postgres:// or mysql://")]
+    Scheme(String),
+    /// The database could not be reached, or refused the connection.
+    #[error("{0}")]
+    Connect(#[from] dtx_sql::sqlx::Error),
+    /// The schema cannot be brought up to date.
+    #[error("{0}")]
+    Migrate(#[from] dtx_sql::sqlx::migrate::MigrateError),
+    /// The first read (the database's clock) failed.
+    #[error("{0}")]
+    FirstRead(#[from] Error),
+}
+
 /// Opens the store a URL names (`sqlite://...`, `postgres://...`, `mysql://...`), creating
 /// the schema if needed.
-pub async fn open(url: &str, options: StoreOptions) -> Result<Arc<dyn Store>> {
+pub async fn open(url: &str, options: StoreOptions) -> Result<Arc<dyn Store>, OpenError> {
     use dtx_sql::Dialect;
     match dtx_sql::dialect_of_url(url) {
         Some(Dialect::Postgres) => Ok(Arc::new(
@@ -348,8 +366,6 @@ pub async fn open(url: &str, options: StoreOptions) -> Result<Arc<dyn Store>> {
         Some(Dialect::Sqlite) => Ok(Arc::new(
             SqlStore::<dtx_sql::sqlx::Sqlite>::open(url, options).await?,
         )),
-        None => Err(Error::Invalid(dtx_proto::limits::LimitError(format!(
-            "store URL {url:?} must start with sqlite://, postgres:// or mysql://"
-        )))),
+        None => Err(OpenError::Scheme(url.to_string())),
     }
 }

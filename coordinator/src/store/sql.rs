@@ -149,7 +149,7 @@ impl<DB: Backend> Clone for SqlStore<DB> {
 
 impl<DB: Backend> SqlStore<DB> {
     /// Connects, applies the coordinator schema, and starts the writer tasks.
-    pub async fn open(url: &str, options: StoreOptions) -> Result<Self> {
+    pub async fn open(url: &str, options: StoreOptions) -> Result<Self, super::OpenError> {
         let pool = DB::connect(url, options.max_connections).await?;
         DB::migrate(&pool, Schema::Coordinator).await?;
         let stats = Arc::new(StoreStats::default());
