@@ -1,6 +1,6 @@
 //! The request path's error type. Each variant is a distinct, documented gRPC code (see
-//! `dtx.proto`); the conversion to `tonic::Status` lives in [`crate::grpc`]. What stops the
-//! process before it serves is [`crate::startup::StartError`], not this.
+//! `dtx.proto`); the conversion to `tonic::Status` lives in `grpc.rs`. What stops the
+//! process before it serves is `startup::StartError`, not this.
 
 use dtx_proto::limits::LimitError;
 

@@ -47,11 +47,11 @@ impl Sql {
 /// warnings, which is why every value is validated against the column sizes before it gets here.
 #[macro_export]
 macro_rules! insert_ignore {
-    ($into:literal) => {
+    ($($into:tt)+) => {
         $crate::Sql {
-            postgres: concat!("INSERT INTO ", $into, " ON CONFLICT DO NOTHING"),
-            mysql: concat!("INSERT IGNORE INTO ", $into),
-            sqlite: concat!("INSERT INTO ", $into, " ON CONFLICT DO NOTHING"),
+            postgres: concat!("INSERT INTO ", $($into)+, " ON CONFLICT DO NOTHING"),
+            mysql: concat!("INSERT IGNORE INTO ", $($into)+),
+            sqlite: concat!("INSERT INTO ", $($into)+, " ON CONFLICT DO NOTHING"),
         }
     };
 }

@@ -1,27 +1,28 @@
-//! The store's side of alerts: inserting them with the change that raised them, finding stuck
-//! transactions, and the delivery queue several coordinators share.
+//! The store's side of alerts: finding stuck transactions, and the delivery queue several
+//! coordinators share. (Alerts are inserted with the change that raised them, in
+//! [`super::writes`].)
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use dtx_sql::{Backend, Conn, Sql, SqlRow, args, insert_ignore};
+use dtx_sql::{Backend, Conn, Sql, SqlRow, args};
 
-use super::sql::{SqlStore, global_from_row};
+use super::rows::{global_columns, global_from_row};
+use super::sql::SqlStore;
+use super::writes::insert_alerts;
 use super::{Delivery, Outgoing};
 use crate::domain::alert::Alert;
 use crate::domain::{GlobalRow, TxStatus};
 use crate::error::Result;
 
-const INSERT_ALERT: Sql = insert_ignore!(
-    "dtx_alert (id, xid, kind, body, created_ms, due_ms, attempts) VALUES (?, ?, ?, ?, ?, ?, 0)"
-);
-
 /// Open transactions of one status created before a time that have no STUCK alert yet (the
 /// columns of `SELECT_GLOBAL`): one walk of the status index per status, bounded by the limit.
-const STUCK: &str = "SELECT xid, kind, status, decision, timeout_ms, deadline_ms, NULL, \
-     branch_count, owner, fence, due_ms, last_error, created_ms, updated_ms FROM dtx_global g \
-     WHERE status = ? AND created_ms <= ? AND NOT EXISTS \
-     (SELECT 1 FROM dtx_alert a WHERE a.xid = g.xid AND a.kind = 'STUCK') LIMIT ?";
+const STUCK: &str = concat!(
+    "SELECT ",
+    global_columns!("", "NULL"),
+    " FROM dtx_global g WHERE status = ? AND created_ms <= ? AND NOT EXISTS \
+     (SELECT 1 FROM dtx_alert a WHERE a.xid = g.xid AND a.kind = 'STUCK') LIMIT ?"
+);
 
 /// Alerts due for delivery; other senders skip the rows this one locked.
 const DUE_ALERTS: Sql = Sql {
@@ -41,31 +42,6 @@ const CLAIM_ALERT: &str = "UPDATE dtx_alert SET due_ms = ? WHERE id = ? AND due_
 
 const FINISH_ALERT: &str = "UPDATE dtx_alert SET due_ms = ?, attempts = attempts + 1, \
      delivered = ?, last_error = ?, sent_ms = ? WHERE id = ?";
-
-/// Inserts `alerts` (an id already stored is left as it is), in the caller's transaction.
-pub(super) async fn insert_alerts<C: Conn>(
-    conn: &mut C,
-    alerts: &[Alert],
-    now: i64,
-) -> Result<u64> {
-    let mut inserted = 0;
-    for a in alerts {
-        inserted += conn
-            .execute(
-                INSERT_ALERT.pick(C::DIALECT),
-                args![
-                    a.id.as_str(),
-                    a.xid.as_str(),
-                    a.kind.as_str(),
-                    a.body.as_str(),
-                    a.at_ms,
-                    now
-                ],
-            )
-            .await?;
-    }
-    Ok(inserted)
-}
 
 impl<DB: Backend> SqlStore<DB> {
     pub(super) async fn stuck_rows(
@@ -178,9 +154,7 @@ mod tests {
     #[test]
     fn every_literal_in_the_alert_sql_is_an_enum_spelling() {
         let mut statements = vec![STUCK, ANY_DUE_ALERT, CLAIM_ALERT, FINISH_ALERT];
-        for sql in [INSERT_ALERT, DUE_ALERTS] {
-            statements.extend(sql.texts());
-        }
+        statements.extend(DUE_ALERTS.texts());
         dtx_sql::assert_literals_known(&statements, &[AlertKind::SPELLINGS, TxStatus::SPELLINGS]);
     }
 }

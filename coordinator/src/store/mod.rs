@@ -9,8 +9,10 @@
 
 mod alerts;
 mod clock;
+mod rows;
 mod sql;
 mod writer;
+mod writes;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -335,7 +337,7 @@ impl Default for StoreOptions {
 }
 
 /// Why a store could not be opened. Only start-up meets these, so they stay out of the
-/// request path's [`Error`]; [`crate::startup`] turns them into sentences for the operator.
+/// request path's [`Error`]; start-up turns them into sentences for the operator.
 #[derive(Debug, thiserror::Error)]
 pub enum OpenError {
     /// No store of that scheme.

@@ -19,9 +19,8 @@ use dtx_sql::sqlx::Pool;
 use dtx_sql::{Backend, Conn};
 use tokio::sync::{Mutex, mpsc, oneshot};
 
-use super::alerts::insert_alerts;
 use super::clock::DbClock;
-use super::sql::{Apply, Batch, insert_history};
+use super::writes::{Apply, Batch, insert_alerts, insert_history};
 use super::{BeginTcc, Decide, Progress, RegisterBranch, StoreOptions, StoreStats, SubmitSaga};
 use crate::error::{Error, Result};
 
