@@ -6,6 +6,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use dtx_proto::duration::Human;
+
 use crate::domain::alert::AlertRules;
 use crate::engine::{AlertConfig, EngineConfig};
 use crate::store::StoreOptions;
@@ -29,28 +31,29 @@ pub struct Config {
     #[arg(long, env = "DTX_INSTANCE")]
     pub instance: Option<String>,
 
-    /// How long a claim on a transaction lasts without renewal; a crashed instance's work is
-    /// taken over after this.
-    #[arg(long, env = "DTX_LEASE_MS", default_value_t = millis(EngineConfig::default().lease))]
-    pub lease_ms: u64,
+    /// How long a claim on a transaction lasts without renewal (at least 100ms); a crashed
+    /// instance's work is taken over after this.
+    #[arg(long, env = "DTX_LEASE", default_value_t = Human(EngineConfig::default().lease))]
+    pub lease: Human,
 
-    /// How often recovery looks for due work (deadlines, expired leases, slow retries).
-    #[arg(long, env = "DTX_POLL_MS", default_value_t = millis(EngineConfig::default().poll_interval))]
-    pub poll_ms: u64,
+    /// How often recovery looks for due work (deadlines, expired leases, slow retries; at least
+    /// 10ms).
+    #[arg(long, env = "DTX_POLL", default_value_t = Human(EngineConfig::default().poll_interval))]
+    pub poll: Human,
 
     /// Retries due later than this are handed back to the store instead of waiting in memory.
-    #[arg(long, env = "DTX_HANDOFF_MS", default_value_t = millis(EngineConfig::default().handoff_after))]
-    pub handoff_ms: u64,
+    #[arg(long, env = "DTX_HANDOFF", default_value_t = Human(EngineConfig::default().handoff_after))]
+    pub handoff: Human,
 
     /// How long after PrepareMessage a message neither submitted nor aborted is checked back
     /// (its initiator's service asked whether the local transaction committed), unless the
     /// message sets its own.
-    #[arg(long, env = "DTX_CHECK_BACK_AFTER_MS", default_value_t = millis(EngineConfig::default().check_back_after))]
-    pub check_back_after_ms: u64,
+    #[arg(long, env = "DTX_CHECK_BACK_AFTER", default_value_t = Human(EngineConfig::default().check_back_after))]
+    pub check_back_after: Human,
 
-    /// Finished transactions are deleted this many hours after they finished; 0 keeps them.
-    #[arg(long, env = "DTX_RETENTION_HOURS", default_value_t = EngineConfig::default().retention.map_or(0, |r| r.as_secs() / 3600))]
-    pub retention_hours: u64,
+    /// Finished transactions are deleted this long after they finished; `0s` keeps them.
+    #[arg(long, env = "DTX_RETENTION", default_value_t = Human(EngineConfig::default().retention.unwrap_or_default()))]
+    pub retention: Human,
 
     /// Most state changes grouped into one database commit (1 = a commit per change).
     #[arg(long, env = "DTX_WRITE_BATCH", default_value_t = StoreOptions::default().max_batch)]
@@ -81,8 +84,8 @@ pub struct Config {
 
     /// Warn when this host's clock is further than this from the database's (leases, due
     /// times and deadlines always use the database's time).
-    #[arg(long, env = "DTX_MAX_CLOCK_SKEW_MS", default_value_t = millis(EngineConfig::default().max_clock_skew))]
-    pub max_clock_skew_ms: u64,
+    #[arg(long, env = "DTX_MAX_CLOCK_SKEW", default_value_t = Human(EngineConfig::default().max_clock_skew))]
+    pub max_clock_skew: Human,
 
     /// POST a signed JSON event here when a transaction parks, stays open too long or a branch
     /// keeps failing (repeatable; comma-separated in the environment). Off when none is given.
@@ -100,8 +103,8 @@ pub struct Config {
 
     /// A transaction not terminal this long after it began raises a stuck alert (`30s`, `10m`,
     /// `2h`; parked transactions have their own alert).
-    #[arg(long, env = "DTX_ALERT_STUCK_AFTER", default_value = "10m", value_parser = dtx_proto::duration::parse)]
-    pub alert_stuck_after: Duration,
+    #[arg(long, env = "DTX_ALERT_STUCK_AFTER", default_value = "10m")]
+    pub alert_stuck_after: Human,
 
     /// A branch failing or giving no answer more often than this raises an alert (once per
     /// branch).
@@ -110,12 +113,12 @@ pub struct Config {
 
     /// Longest wait between two delivery attempts of an alert to a webhook that does not
     /// acknowledge it (the wait doubles from 1 s up to this).
-    #[arg(long, env = "DTX_ALERT_RETRY_MAX", default_value = "1m", value_parser = dtx_proto::duration::parse)]
-    pub alert_retry_max: Duration,
+    #[arg(long, env = "DTX_ALERT_RETRY_MAX", default_value = "1m")]
+    pub alert_retry_max: Human,
 
     /// How long one webhook call may take before it counts as failed.
-    #[arg(long, env = "DTX_ALERT_TIMEOUT", default_value = "10s", value_parser = dtx_proto::duration::parse)]
-    pub alert_timeout: Duration,
+    #[arg(long, env = "DTX_ALERT_TIMEOUT", default_value = "10s")]
+    pub alert_timeout: Human,
 
     /// The web console's address as people reach it, for the link in each alert (default:
     /// http:// and `--admin-listen`, if given).
@@ -247,13 +250,13 @@ pub struct Config {
 
     /// HTTP listeners close a connection whose request head has not arrived within this (slow
     /// clients cannot hold connections open).
-    #[arg(long, env = "DTX_HEADER_TIMEOUT", default_value = "10s", value_parser = dtx_proto::duration::parse)]
-    pub header_timeout: Duration,
+    #[arg(long, env = "DTX_HEADER_TIMEOUT", default_value = "10s")]
+    pub header_timeout: Human,
 
     /// HTTP listeners refuse a request whose body has not arrived whole within this (408);
     /// bodies are also cut at the listener's size limit while they are read.
-    #[arg(long, env = "DTX_BODY_TIMEOUT", default_value = "30s", value_parser = dtx_proto::duration::parse)]
-    pub body_timeout: Duration,
+    #[arg(long, env = "DTX_BODY_TIMEOUT", default_value = "30s")]
+    pub body_timeout: Human,
 
     /// Host names the console may be reached by, besides IP addresses and `localhost`
     /// (repeatable; comma-separated in the environment). Any other `Host` is refused, so a page
@@ -264,31 +267,142 @@ pub struct Config {
 
     /// On SIGTERM/Ctrl-C, how long the listeners (which stop accepting at once) let requests
     /// in flight finish, and then how long drivers may finish their calls before exiting.
-    #[arg(long, env = "DTX_SHUTDOWN_GRACE_MS", default_value_t = millis(DEFAULT_SHUTDOWN_GRACE))]
-    pub shutdown_grace_ms: u64,
+    #[arg(long, env = "DTX_SHUTDOWN_GRACE", default_value_t = Human(DEFAULT_SHUTDOWN_GRACE))]
+    pub shutdown_grace: Human,
+
+    #[command(flatten)]
+    pub old: OldSpellings,
 }
 
 /// Shutdown grace when none is configured.
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
-fn millis(d: Duration) -> u64 {
-    d.as_millis() as u64
+/// The duration flags' earlier spellings, bare numbers of milliseconds (or hours): still
+/// accepted, hidden from `--help`, each with a deprecation line at start
+/// ([`Config::apply_old_spellings`]). Giving both spellings of one flag is a usage error.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct OldSpellings {
+    #[arg(
+        long = "lease-ms",
+        env = "DTX_LEASE_MS",
+        hide = true,
+        conflicts_with = "lease"
+    )]
+    lease_ms: Option<u64>,
+    #[arg(
+        long = "poll-ms",
+        env = "DTX_POLL_MS",
+        hide = true,
+        conflicts_with = "poll"
+    )]
+    poll_ms: Option<u64>,
+    #[arg(
+        long = "handoff-ms",
+        env = "DTX_HANDOFF_MS",
+        hide = true,
+        conflicts_with = "handoff"
+    )]
+    handoff_ms: Option<u64>,
+    #[arg(
+        long = "check-back-after-ms",
+        env = "DTX_CHECK_BACK_AFTER_MS",
+        hide = true,
+        conflicts_with = "check_back_after"
+    )]
+    check_back_after_ms: Option<u64>,
+    #[arg(
+        long = "retention-hours",
+        env = "DTX_RETENTION_HOURS",
+        hide = true,
+        conflicts_with = "retention"
+    )]
+    retention_hours: Option<u64>,
+    #[arg(
+        long = "max-clock-skew-ms",
+        env = "DTX_MAX_CLOCK_SKEW_MS",
+        hide = true,
+        conflicts_with = "max_clock_skew"
+    )]
+    max_clock_skew_ms: Option<u64>,
+    #[arg(
+        long = "shutdown-grace-ms",
+        env = "DTX_SHUTDOWN_GRACE_MS",
+        hide = true,
+        conflicts_with = "shutdown_grace"
+    )]
+    shutdown_grace_ms: Option<u64>,
 }
 
 impl Config {
+    /// Moves values given in an earlier spelling onto their flags; one line per spelling
+    /// used, saying what to write instead (the caller logs them once logging is up).
+    pub fn apply_old_spellings(&mut self) -> Vec<String> {
+        const MS: u64 = 1;
+        const HOUR: u64 = 3_600_000;
+        let old = std::mem::take(&mut self.old);
+        let mut lines = Vec::new();
+        for (flag, value, unit, new_flag, target) in [
+            ("--lease-ms", old.lease_ms, MS, "--lease", &mut self.lease),
+            ("--poll-ms", old.poll_ms, MS, "--poll", &mut self.poll),
+            (
+                "--handoff-ms",
+                old.handoff_ms,
+                MS,
+                "--handoff",
+                &mut self.handoff,
+            ),
+            (
+                "--check-back-after-ms",
+                old.check_back_after_ms,
+                MS,
+                "--check-back-after",
+                &mut self.check_back_after,
+            ),
+            (
+                "--retention-hours",
+                old.retention_hours,
+                HOUR,
+                "--retention",
+                &mut self.retention,
+            ),
+            (
+                "--max-clock-skew-ms",
+                old.max_clock_skew_ms,
+                MS,
+                "--max-clock-skew",
+                &mut self.max_clock_skew,
+            ),
+            (
+                "--shutdown-grace-ms",
+                old.shutdown_grace_ms,
+                MS,
+                "--shutdown-grace",
+                &mut self.shutdown_grace,
+            ),
+        ] {
+            if let Some(n) = value {
+                *target = Human(Duration::from_millis(n.saturating_mul(unit)));
+                lines.push(format!(
+                    "{flag} (or its DTX_ variable) is deprecated and will be removed: write \
+                     {new_flag} {target}"
+                ));
+            }
+        }
+        lines
+    }
+
     pub fn engine(&self) -> EngineConfig {
         let default = EngineConfig::default();
         let instance = self.instance.clone().unwrap_or(default.instance.clone());
         EngineConfig {
             alerts: self.alerts(&instance),
             instance,
-            lease: Duration::from_millis(self.lease_ms.max(100)),
-            poll_interval: Duration::from_millis(self.poll_ms.max(10)),
-            handoff_after: Duration::from_millis(self.handoff_ms),
-            check_back_after: Duration::from_millis(self.check_back_after_ms.max(1)),
-            retention: (self.retention_hours > 0)
-                .then(|| Duration::from_secs(self.retention_hours * 3600)),
-            max_clock_skew: Duration::from_millis(self.max_clock_skew_ms),
+            lease: self.lease.0.max(Duration::from_millis(100)),
+            poll_interval: self.poll.0.max(Duration::from_millis(10)),
+            handoff_after: self.handoff.0,
+            check_back_after: self.check_back_after.0.max(Duration::from_millis(1)),
+            retention: (!self.retention.0.is_zero()).then_some(self.retention.0),
+            max_clock_skew: self.max_clock_skew.0,
             max_handler_labels: self.metrics_max_handlers,
             ..default
         }
@@ -306,14 +420,14 @@ impl Config {
         Some(AlertConfig {
             webhooks: self.alert_webhooks.clone(),
             secret: self.alert_secret.clone(),
-            stuck_after: self.alert_stuck_after,
+            stuck_after: self.alert_stuck_after.0,
             rules: AlertRules {
                 attempts: i64::from(self.alert_attempts),
                 console_url,
                 instance: instance.to_string(),
             },
-            retry_max: self.alert_retry_max.max(Duration::from_secs(1)),
-            timeout: self.alert_timeout.max(Duration::from_millis(100)),
+            retry_max: self.alert_retry_max.0.max(Duration::from_secs(1)),
+            timeout: self.alert_timeout.0.max(Duration::from_millis(100)),
         })
     }
 
@@ -390,7 +504,7 @@ pub fn options_table() -> String {
     let mut table = String::from("| flag | environment | default | meaning |\n|---|---|---|---|\n");
     for arg in command.get_arguments() {
         let Some(long) = arg.get_long() else { continue };
-        if matches!(long, "help" | "version") {
+        if matches!(long, "help" | "version") || arg.is_hide_set() {
             continue;
         }
         let env = arg
@@ -424,6 +538,79 @@ pub fn options_table() -> String {
 
 #[cfg(test)]
 mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Config, clap::Error> {
+        Config::try_parse_from(std::iter::once("coordinator").chain(args.iter().copied()))
+    }
+
+    /// Durations are written `15s`, `100ms`, `7d`; the earlier millisecond and hour numbers
+    /// still work, each with a line saying what to write instead.
+    #[test]
+    fn earlier_duration_spellings_still_work_and_say_so() {
+        let mut config = parse(&["--lease", "3s", "--poll", "250ms"]).unwrap();
+        assert!(config.apply_old_spellings().is_empty());
+        assert_eq!(config.engine().lease, Duration::from_secs(3));
+        assert_eq!(config.engine().poll_interval, Duration::from_millis(250));
+
+        let mut config = parse(&[
+            "--lease-ms",
+            "3000",
+            "--retention-hours",
+            "48",
+            "--shutdown-grace-ms",
+            "1500",
+        ])
+        .unwrap();
+        let lines = config.apply_old_spellings();
+        assert_eq!(lines.len(), 3, "{lines:?}");
+        assert!(lines[0].contains("--lease-ms") && lines[0].ends_with("write --lease 3s"));
+        assert!(lines[1].ends_with("write --retention 2d"), "{lines:?}");
+        assert!(
+            lines[2].ends_with("write --shutdown-grace 1500ms"),
+            "{lines:?}"
+        );
+        let engine = config.engine();
+        assert_eq!(engine.lease, Duration::from_secs(3));
+        assert_eq!(engine.retention, Some(Duration::from_secs(48 * 3600)));
+        assert_eq!(config.shutdown_grace.0, Duration::from_millis(1500));
+
+        let mut keep = parse(&["--retention-hours", "0"]).unwrap();
+        keep.apply_old_spellings();
+        assert_eq!(
+            keep.engine().retention,
+            None,
+            "0 keeps finished transactions"
+        );
+        assert_eq!(
+            parse(&["--retention", "0s"]).unwrap().engine().retention,
+            None
+        );
+
+        let both = parse(&["--lease", "3s", "--lease-ms", "3000"]).unwrap_err();
+        assert_eq!(both.kind(), clap::error::ErrorKind::ArgumentConflict);
+        let bare = parse(&["--lease", "3000"]).unwrap_err();
+        assert!(bare.to_string().contains("no unit"), "{bare}");
+    }
+
+    /// Defaults show in the same spelling (`--help`, the README's table).
+    #[test]
+    fn duration_defaults_are_shown_with_units() {
+        let table = options_table();
+        for row in [
+            "| `--lease` | `DTX_LEASE` | `15s` |",
+            "| `--retention` | `DTX_RETENTION` | `7d` |",
+        ] {
+            assert!(table.contains(row), "{row} not in\n{table}");
+        }
+        assert!(
+            !table.contains("-ms`"),
+            "a hidden spelling is listed:\n{table}"
+        );
+    }
+
     /// The README's options table is the one the flags render: a changed default or a new
     /// flag fails here until the README says the same.
     #[test]

@@ -3,7 +3,6 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -24,10 +23,13 @@ const CONSOLE_MAX_BODY: usize = 16 << 10;
 /// then every listener stops accepting and drains, and the drivers hand their transactions
 /// back to the store (so another instance, or the next start, continues them at once).
 pub async fn run(
-    config: Config,
+    mut config: Config,
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<()> {
+    for line in config.apply_old_spellings() {
+        tracing::warn!("{line}");
+    }
     // Every flag is checked before the store is opened: a bad value touches nothing.
     let mut engine_config = config.engine();
     engine_config.participant_tls = startup::participant_tls(&config)?;
@@ -60,8 +62,8 @@ pub async fn run(
     let tls_for = |client_auth: bool| tls.clone().map(|tls| (tls, client_auth));
     let http = |max_connections, max_body_bytes| Limits {
         max_connections,
-        header_timeout: config.header_timeout,
-        body_timeout: Some(config.body_timeout),
+        header_timeout: config.header_timeout.0,
+        body_timeout: Some(config.body_timeout.0),
         max_body_bytes: Some(max_body_bytes),
     };
     let mut listeners = vec![Listener {
@@ -72,7 +74,7 @@ pub async fn run(
         // gRPC bodies are streams (reflection's is long-lived); tonic limits each message.
         limits: Limits {
             max_connections: config.grpc_max_connections,
-            header_timeout: config.header_timeout,
+            header_timeout: config.header_timeout.0,
             body_timeout: None,
             max_body_bytes: None,
         },
@@ -128,7 +130,7 @@ pub async fn run(
     }
     check_descriptor_budget(&listeners, config.db_connections);
 
-    let grace = Duration::from_millis(config.shutdown_grace_ms);
+    let grace = config.shutdown_grace.0;
     let (stop, stopped) = watch::channel(false);
     let report: listen::Report = {
         let engine = engine.clone();

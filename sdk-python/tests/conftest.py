@@ -158,7 +158,7 @@ def coordinator(tmp_path):
             binary,
             "--listen", f"127.0.0.1:{port}",
             "--store", f"sqlite://{tmp_path / 'coordinator.db'}",
-            "--poll-ms", "50",
+            "--poll", "50ms",
         ],
         stdout=subprocess.DEVNULL,
         env={**os.environ, "RUST_LOG": "warn"},

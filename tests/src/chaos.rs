@@ -88,7 +88,7 @@ pub struct ChaosConfig {
     pub accounts: usize,
     /// The fault classes besides `base`.
     pub classes: Classes,
-    /// The coordinators' `--lease-ms`.
+    /// The coordinators' lease in milliseconds (`--lease-ms`).
     pub lease_ms: u64,
     /// TLS and mTLS on every hop (initiator, coordinators, the bank); `None`: plain text.
     pub tls: Option<Arc<ChaosTls>>,
@@ -895,7 +895,7 @@ async fn start_coordinator(
         (Some(s), Some(skew)) if s == index => Some(skew.offset.as_str()),
         _ => None,
     };
-    let mut flags = vec!["--instance", &name, "--lease-ms", &lease];
+    let mut flags = vec!["--instance", &name, "--lease", &lease];
     let auth_flags = cfg
         .auth
         .as_ref()

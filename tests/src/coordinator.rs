@@ -17,12 +17,12 @@ use crate::net::free_addr;
 
 /// Flags every test coordinator gets: short leases and polls so takeovers happen within a test.
 pub const FAST: &[&str] = &[
-    "--lease-ms",
-    "1000",
-    "--poll-ms",
-    "100",
-    "--shutdown-grace-ms",
-    "500",
+    "--lease",
+    "1s",
+    "--poll",
+    "100ms",
+    "--shutdown-grace",
+    "500ms",
 ];
 
 /// [`FAST`] (except the flags `extra` sets itself) followed by `extra`.

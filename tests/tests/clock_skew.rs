@@ -24,7 +24,7 @@ use tonic::transport::Server;
 const BIN: &str = env!("CARGO_BIN_EXE_test-coordinator");
 
 /// Lease 3 s (renewed every second), poll 100 ms.
-const FLAGS: &[&str] = &["--lease-ms", "3000", "--poll-ms", "100"];
+const FLAGS: &[&str] = &["--lease", "3s", "--poll", "100ms"];
 const LEASE_AND_POLL: Duration = Duration::from_millis(3100);
 
 /// A two-step saga whose first action takes `slow` at the participant.

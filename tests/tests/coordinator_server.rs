@@ -113,7 +113,7 @@ async fn health_and_reflection_answer() {
 async fn sigterm_hands_transactions_over_at_once() {
     with_db::<sqlx::Postgres, _, _>(SCHEMAS, |db: &'static TestDb<sqlx::Postgres>| async move {
         let (faults, bank) = alice_with_a_slow_step(db, "s1", Duration::from_millis(300)).await;
-        let long_lease = ["--lease-ms", "30000"];
+        let long_lease = ["--lease", "30s"];
         let first = Process::start(BIN, &db.url, &long_lease).await;
         let client = first.client().await;
         client

@@ -348,8 +348,8 @@ async fn sigterm_drains_a_held_call_on_every_listener() {
         &console.to_string(),
         "--metrics-listen",
         &metrics.to_string(),
-        "--shutdown-grace-ms",
-        "10000",
+        "--shutdown-grace",
+        "10s",
     ]
     .map(String::from);
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();

@@ -170,7 +170,7 @@ async fn a_delivery_target_that_is_down_for_a_while_gets_it_later<DB: TestBacken
 async fn the_local_transaction_racing_the_check_back_is_never_split<DB: TestBackend>(
     db: &'static TestDb<DB>,
 ) {
-    let w = World::start(db, &["--poll-ms", "20"]).await;
+    let w = World::start(db, &["--poll", "20ms"]).await;
     create_tables(&db.pool).await;
     let (mut delivered, mut dropped) = (0, 0);
     for round in 0..12 {

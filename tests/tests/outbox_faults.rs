@@ -44,7 +44,7 @@ impl Processes {
         Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
             .args(["--db", &self.db_url])
             .args(&self.relay_args)
-            .args(["--lease-ms", "500"])
+            .args(["--lease", "500ms"])
             .stdout(std::process::Stdio::null())
             .kill_on_drop(true)
             .spawn()

@@ -328,7 +328,7 @@ async fn a_relay_process_killed_mid_batch<DB: TestBackend>(db: &'static TestDb<D
             "--nats",
             &dtx_tests::idempotency::nats_url(),
         ])
-        .args(["--lease-ms", "500", "--hold-ms", "30000"])
+        .args(["--lease", "500ms", "--hold", "30s"])
         .stdout(std::process::Stdio::piped())
         .kill_on_drop(true)
         .spawn()

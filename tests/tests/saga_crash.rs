@@ -104,7 +104,7 @@ async fn killed_with_an_action_in_flight_past_the_deadline<DB: TestBackend>(
     let xid = "crash-saga-in-flight";
     let (faults, bank) = alice_with_a_slow_step(db, "s1", Duration::from_millis(1000)).await;
     // Lease (5 s) longer than the saga's deadline (3 s): recovery finds it past the deadline.
-    let lease = ["--lease-ms", "5000"];
+    let lease = ["--lease", "5s"];
     let first = Process::start(BIN, &db.url, &lease).await;
     first
         .client()

@@ -134,7 +134,7 @@ impl MessageBuilder {
     }
 
     /// How long the coordinator waits for the submit before it checks back (default: the
-    /// coordinator's `--check-back-after-ms`).
+    /// coordinator's `--check-back-after`).
     pub fn check_back_after(mut self, after: Duration) -> Self {
         self.request.check_back_after_ms = after.as_millis().max(1) as u64;
         self

@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! cargo build --release -p dtx-tests --bins
-//! ./target/release/chaos --store postgres --count 10000 --kill-every-ms 2000 --seed 42
+//! ./target/release/chaos --store postgres --count 10000 --kill-every 2s --seed 42
 //! ```
 //!
 //! It starts coordinator processes from the `test-coordinator` binary next to this one (or
@@ -12,6 +12,7 @@
 use std::time::Duration;
 
 use clap::Parser;
+use dtx_proto::duration::Human;
 use dtx_sql::sqlx;
 use dtx_tests::chaos::{ChaosConfig, Classes, default_rates, run};
 
@@ -23,17 +24,17 @@ struct Args {
     /// Transactions to run.
     #[arg(long, default_value_t = 2000)]
     count: usize,
-    /// Stop starting transactions after this many seconds.
-    #[arg(long, default_value_t = 3600)]
-    duration_secs: u64,
+    /// Stop starting transactions after this long.
+    #[arg(long, default_value = "1h")]
+    duration: Human,
     /// Replays a run (random if not given).
     #[arg(long)]
     seed: Option<u64>,
     #[arg(long, default_value_t = 3)]
     coordinators: usize,
-    /// Mean interval between coordinator kills; 0 disables kills.
-    #[arg(long, default_value_t = 2500)]
-    kill_every_ms: u64,
+    /// Mean interval between coordinator kills; `0s` disables kills.
+    #[arg(long, default_value = "2500ms")]
+    kill_every: Human,
     #[arg(long, default_value_t = 32)]
     concurrency: usize,
     /// Fault classes besides the base mix: `all`, `none`, or a list of `slow` (a), `skew`
@@ -44,8 +45,8 @@ struct Args {
     #[arg(long, default_value = "+30s")]
     skew: String,
     /// The coordinators' lease.
-    #[arg(long, default_value_t = 1000)]
-    lease_ms: u64,
+    #[arg(long, default_value = "1s")]
+    lease: Human,
     /// TLS and mTLS on every hop (initiator, coordinators, the participant).
     #[arg(long)]
     tls: bool,
@@ -93,16 +94,16 @@ async fn main() {
     let config = ChaosConfig {
         seed,
         transactions: args.count,
-        duration: Duration::from_secs(args.duration_secs),
+        duration: args.duration.0,
         concurrency: args.concurrency,
         coordinators: args.coordinators,
-        kill_every: (args.kill_every_ms > 0).then(|| Duration::from_millis(args.kill_every_ms)),
+        kill_every: (!args.kill_every.0.is_zero()).then_some(args.kill_every.0),
         rates: default_rates(),
         settle_within: Duration::from_secs(300),
         coordinator_bin: bin.display().to_string(),
         accounts: 10,
         classes,
-        lease_ms: args.lease_ms,
+        lease_ms: args.lease.0.as_millis() as u64,
         tls: args
             .tls
             .then(|| std::sync::Arc::new(dtx_tests::chaos::ChaosTls::new())),

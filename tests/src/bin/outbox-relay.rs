@@ -1,8 +1,8 @@
 //! An outbox relay as a process of its own, for the tests that SIGKILL one
 //! (`tests/outbox_nats.rs`, `tests/outbox_faults.rs`): relays the outbox of `--db` to the
 //! JetStream at `--nats` or the RabbitMQ at `--amqp` (default exchange: a topic names a queue)
-//! with the lease `--lease-ms`, printing `published <event_id>` once the broker confirmed an
-//! event - and then holding that row's round for `--hold-ms` before marking it sent, so a test
+//! with the lease `--lease`, printing `published <event_id>` once the broker confirmed an
+//! event - and then holding that row's round for `--hold` before marking it sent, so a test
 //! can kill it between the broker's ack and the row's update. It exits when its RabbitMQ
 //! connection is lost (lapin does not reconnect); the tests start it again.
 
@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use dtx_outbox::{Event, JetStream, Publisher, RabbitMq, Relay, RelayConfig};
+use dtx_proto::duration::Human;
 use dtx_sql::Backend;
 use futures::future::BoxFuture;
 
@@ -22,10 +23,10 @@ struct Args {
     nats: Option<String>,
     #[arg(long)]
     amqp: Option<String>,
-    #[arg(long, default_value_t = 500)]
-    lease_ms: u64,
-    #[arg(long, default_value_t = 0)]
-    hold_ms: u64,
+    #[arg(long, default_value = "500ms")]
+    lease: Human,
+    #[arg(long, default_value = "0s")]
+    hold: Human,
 }
 
 /// The broker's publisher, announcing each confirmed event and then holding its round.
@@ -76,12 +77,12 @@ async fn run<DB: Backend>(args: Args) {
     let publisher = Announcing {
         inner,
         amqp,
-        hold: Duration::from_millis(args.hold_ms),
+        hold: args.hold.0,
     };
     let config = RelayConfig {
         owner: format!("relay-process-{}", std::process::id()),
-        lease: Duration::from_millis(args.lease_ms),
-        publish_timeout: Duration::from_millis(args.hold_ms + 5_000),
+        lease: args.lease.0,
+        publish_timeout: args.hold.0 + Duration::from_secs(5),
         poll: Duration::from_millis(10),
         ..RelayConfig::default()
     };
