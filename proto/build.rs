@@ -1,6 +1,7 @@
 //! Generates the Rust code of `proto/dtx/v1/dtx.proto` (messages, services, and their proto3
 //! JSON serde) with a vendored `protoc`, so a machine with only the Rust toolchain builds the
 //! workspace.
+#[allow(unsafe_code)]
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let protoc = protoc_bin_vendored::protoc_bin_path()?;
     // SAFETY: build scripts are single-threaded; prost-build reads PROTOC from the environment.

@@ -5,6 +5,9 @@
 //! The coordinator runs as a child process (this executable in `coordinator` mode, the real
 //! server code); the participants and the closed-loop clients run in this process.
 
+// A measuring tool, not an API: the missing_docs lint is for the SDK crates.
+#![allow(missing_docs)]
+
 mod baseline;
 mod coordinator;
 mod cpu;

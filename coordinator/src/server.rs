@@ -307,6 +307,7 @@ fn check_descriptor_budget(listeners: &[Listener], db_connections: u32) {
 
 /// The soft open-files limit after raising it to the hard one (as Go and most servers do).
 #[cfg(unix)]
+#[allow(unsafe_code)]
 fn raise_open_files_limit() -> Option<u64> {
     let mut limit = libc::rlimit {
         rlim_cur: 0,

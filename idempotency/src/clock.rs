@@ -13,6 +13,7 @@ use std::time::Duration;
 
 /// The current time in Unix milliseconds.
 pub trait Clock: Send + Sync + 'static {
+    /// Now, Unix milliseconds.
     fn now_ms(&self) -> i64;
 }
 

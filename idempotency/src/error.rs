@@ -6,6 +6,7 @@ use dtx_proto::limits::LimitError;
 /// type as `dtx_sdk::barrier::HandlerError`, so one handler error serves both.
 pub type HandlerError = Box<dyn std::error::Error + Send + Sync>;
 
+/// What can go wrong with the idempotency records.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// An input outside the limits (the message names the limit): a key, scope or result.

@@ -88,6 +88,7 @@ pub struct HashRules {
 
 #[cfg(feature = "json")]
 impl HashRules {
+    /// No fields ignored or renamed: the whole body counts.
     pub fn new() -> Self {
         Self::default()
     }

@@ -177,10 +177,12 @@ impl Key {
             .build()
     }
 
+    /// The key's scope (an operation: `create-order`).
     pub fn scope(&self) -> &str {
         &self.scope
     }
 
+    /// The tenant the key belongs to.
     pub fn tenant(&self) -> &str {
         &self.idem_key[..self.tenant_len]
     }
@@ -190,6 +192,7 @@ impl Key {
         &self.idem_key[self.tenant_len + 1..self.tenant_len + 1 + self.business_len]
     }
 
+    /// The key format's version.
     pub fn version(&self) -> u32 {
         self.version
     }

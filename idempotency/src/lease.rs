@@ -39,6 +39,7 @@ pub struct Lease<DB: Backend> {
 }
 
 impl<DB: Backend> Lease<DB> {
+    /// The key this lease holds.
     pub fn key(&self) -> &Key {
         &self.key
     }

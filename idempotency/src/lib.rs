@@ -94,6 +94,7 @@ dtx_sql::db_enum! {
     pub enum Status {
         /// Claimed; the owner is working (or the outcome is unknown, or it is parked).
         Processing = "PROCESSING",
+        /// Done; repeats get the recorded result.
         Succeeded = "SUCCEEDED",
         /// Failed in a way a later attempt may fix; the next request re-claims it.
         FailedRetryable = "FAILED_RETRYABLE",
@@ -110,10 +111,12 @@ pub struct StoredResult {
     pub code: String,
     /// The resource the first execution created, if any (order id, payment id).
     pub resource_id: Option<String>,
+    /// What repeats get back as the body (bounded by the store's result limit).
     pub body: Vec<u8>,
 }
 
 impl StoredResult {
+    /// A result with `code`, no resource and an empty body.
     pub fn new(code: impl Into<String>) -> Self {
         StoredResult {
             code: code.into(),
@@ -122,11 +125,13 @@ impl StoredResult {
         }
     }
 
+    /// With the id of the resource the first execution created.
     pub fn resource(mut self, id: impl Into<String>) -> Self {
         self.resource_id = Some(id.into());
         self
     }
 
+    /// With the body repeats get back.
     pub fn body(mut self, body: impl Into<Vec<u8>>) -> Self {
         self.body = body.into();
         self
@@ -216,16 +221,24 @@ pub enum Answer {
     /// A repeat of a finished intent: its first outcome (SUCCEEDED or FAILED_FINAL), including
     /// one recorded by a fact check after an expired lease.
     Replayed {
+        /// SUCCEEDED or FAILED_FINAL.
         status: Status,
+        /// What the first execution recorded.
         result: StoredResult,
     },
     /// Another request holds a live lease on the key; ask again after `retry_after`.
-    InProgress { retry_after: Duration },
+    InProgress {
+        /// When the live lease ends (at the latest).
+        retry_after: Duration,
+    },
     /// The key was first used with a different request (hash); the first result is untouched.
     Conflict,
     /// An expired lease whose fact check could not tell what happened: parked until a person
     /// resolves it ([`Idempotency::resolve`]).
-    NeedsAttention { reason: String },
+    NeedsAttention {
+        /// What the fact check said, for the person resolving it.
+        reason: String,
+    },
 }
 
 /// What the fact check found out about an intent whose owner's lease expired.
@@ -242,9 +255,11 @@ pub enum Fact {
 /// The record a fact check is asked about.
 #[derive(Debug, Clone)]
 pub struct Expired {
+    /// The intent's key.
     pub key: Key,
     /// How often the key was re-claimed before (this take-over not counted).
     pub retry_count: i64,
+    /// When the key was first claimed, Unix ms.
     pub created_at: i64,
 }
 
@@ -257,17 +272,25 @@ pub type FactCheck =
 /// A stored record, for inspection and operator tools.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Record {
+    /// The hash of the first request's content (repeats must match it).
     pub request_hash: String,
+    /// The record's state.
     pub status: Status,
+    /// The current claim's token: only its holder may complete the record.
     pub owner_token: String,
     /// Unix ms; `None` when finished or parked.
     pub lease_until: Option<i64>,
+    /// The recorded result, once finished.
     pub result: Option<StoredResult>,
+    /// How often the key was re-claimed.
     pub retry_count: i64,
+    /// Bumped by every change (claims compare it).
     pub version: i64,
     /// Why the record is parked for a person.
     pub attention: Option<String>,
+    /// First claimed, Unix ms.
     pub created_at: i64,
+    /// Last changed, Unix ms.
     pub updated_at: i64,
 }
 
@@ -279,8 +302,11 @@ pub struct Stats {
     pub processing: u64,
     /// PROCESSING records waiting for a person.
     pub parked: u64,
+    /// SUCCEEDED records.
     pub succeeded: u64,
+    /// FAILED_RETRYABLE records.
     pub failed_retryable: u64,
+    /// FAILED_FINAL records.
     pub failed_final: u64,
     /// Unix ms of the least recently touched PROCESSING record (how stuck the oldest is).
     pub oldest_processing_update: Option<i64>,
@@ -292,21 +318,28 @@ pub struct Stats {
 /// The next step for a request that found an existing record: the state machine, free of I/O.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
+    /// Another request's key: answer 409, touch nothing.
     Conflict,
+    /// A finished intent: answer its first outcome.
     Replay(Status, StoredResult),
     /// A live lease until this Unix ms.
     InProgress {
+        /// Unix ms.
         lease_until: i64,
     },
     /// FAILED_RETRYABLE: re-claim if the record is still at this version.
     Reclaim {
+        /// The version the re-claim expects.
         version: i64,
     },
     /// PROCESSING with an expired lease: take over (at this version), then ask the fact check.
     TakeOver {
+        /// The version the take-over expects.
         version: i64,
     },
+    /// Waiting for a person.
     Parked {
+        /// Why it was parked.
         reason: String,
     },
 }
@@ -438,6 +471,7 @@ impl<DB: Backend> Idempotency<DB> {
         self.clock.now_ms()
     }
 
+    /// The pool the records live in (the business writes share it).
     pub fn pool(&self) -> &Pool<DB> {
         &self.pool
     }

@@ -76,6 +76,7 @@ impl std::fmt::Debug for Retention {
 }
 
 impl Retention {
+    /// The default windows (see [`Retention::default`]).
     pub fn new() -> Self {
         Self::default()
     }

@@ -13,8 +13,11 @@ use crate::Dialect;
 /// checks.
 #[derive(Debug, Clone, Copy)]
 pub enum Arg<'a> {
+    /// An integer column (BIGINT).
     I64(Option<i64>),
+    /// A text column.
     Str(Option<&'a str>),
+    /// A binary column (BYTEA, BLOB).
     Bytes(Option<&'a [u8]>),
 }
 
@@ -45,11 +48,17 @@ macro_rules! args {
 
 /// Typed column getters of a result row (by position).
 pub trait SqlRow: Send {
+    /// Column `idx` as an integer; NULL is an error.
     fn i64(&self, idx: usize) -> Result<i64, sqlx::Error>;
+    /// Column `idx` as an integer, or `None` for NULL.
     fn opt_i64(&self, idx: usize) -> Result<Option<i64>, sqlx::Error>;
+    /// Column `idx` as text; NULL is an error.
     fn text(&self, idx: usize) -> Result<String, sqlx::Error>;
+    /// Column `idx` as text, or `None` for NULL.
     fn opt_text(&self, idx: usize) -> Result<Option<String>, sqlx::Error>;
+    /// Column `idx` as bytes; NULL is an error.
     fn bytes(&self, idx: usize) -> Result<Vec<u8>, sqlx::Error>;
+    /// Column `idx` as bytes, or `None` for NULL.
     fn opt_bytes(&self, idx: usize) -> Result<Option<Vec<u8>>, sqlx::Error>;
 }
 
@@ -57,7 +66,9 @@ pub trait SqlRow: Send {
 /// `'static` because every driver's connection is an owned value; saying so once spares each
 /// generic caller a `where DB::Conn: 'static` bound.
 pub trait Conn: Send + 'static {
+    /// The SQL dialect this connection speaks (statements pick their text by it).
     const DIALECT: Dialect;
+    /// A result row.
     type Row: SqlRow;
 
     /// Runs a statement; returns the affected (for MySQL: matched) row count.
@@ -67,12 +78,14 @@ pub trait Conn: Send + 'static {
         args: &'a [Arg<'a>],
     ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a;
 
+    /// Runs a query; its first row, if any.
     fn fetch_optional<'a>(
         &'a mut self,
         sql: &'static str,
         args: &'a [Arg<'a>],
     ) -> impl Future<Output = Result<Option<Self::Row>, sqlx::Error>> + Send + 'a;
 
+    /// Runs a query; every row.
     fn fetch_all<'a>(
         &'a mut self,
         sql: &'static str,

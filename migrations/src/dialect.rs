@@ -3,16 +3,22 @@
 /// Which SQL dialect a connection speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Dialect {
+    /// PostgreSQL.
     Postgres,
+    /// MySQL and MariaDB.
     MySql,
+    /// SQLite.
     Sqlite,
 }
 
 /// SQL text that differs between dialects.
 #[derive(Debug, Clone, Copy)]
 pub struct Sql {
+    /// PostgreSQL's text.
     pub postgres: &'static str,
+    /// MySQL's and MariaDB's text.
     pub mysql: &'static str,
+    /// SQLite's text.
     pub sqlite: &'static str,
 }
 
@@ -32,6 +38,7 @@ impl Sql {
         [self.postgres, self.mysql, self.sqlite]
     }
 
+    /// The text for `dialect`.
     pub const fn pick(&self, dialect: Dialect) -> &'static str {
         match dialect {
             Dialect::Postgres => self.postgres,

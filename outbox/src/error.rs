@@ -2,6 +2,7 @@
 
 use dtx_proto::limits::LimitError;
 
+/// What can go wrong enqueuing, relaying or consuming events.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// An event outside the limits (the message names the limit); nothing was written.
@@ -10,6 +11,7 @@ pub enum Error {
     /// The database failed; in `enqueue`, the caller's transaction must roll back.
     #[error("database error: {0}")]
     Database(#[from] dtx_sql::sqlx::Error),
+    /// The outbox table's schema could not be brought up to date.
     #[error("migration failed: {0}")]
     Migrate(#[from] dtx_sql::sqlx::migrate::MigrateError),
     /// The idempotency records failed while a consumer applied an event (the delivery was

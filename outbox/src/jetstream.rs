@@ -14,6 +14,7 @@ pub struct JetStream {
 }
 
 impl JetStream {
+    /// Publishes through `context` (each event's subject is its topic).
     pub fn new(context: Context) -> Self {
         JetStream { context }
     }

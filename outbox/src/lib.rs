@@ -66,9 +66,13 @@ pub struct Event {
     pub id: i64,
     /// The broker's message id (a UUID made at [`enqueue`]).
     pub event_id: String,
+    /// Where it goes (a JetStream subject, a RabbitMQ routing key).
     pub topic: String,
+    /// The ordering key: events of one key are published in enqueue order.
     pub key: String,
+    /// Message headers (trace context, content type, ...).
     pub headers: BTreeMap<String, String>,
+    /// The message body.
     pub payload: Vec<u8>,
     /// Failed publishes before this one.
     pub attempts: i64,
@@ -81,6 +85,7 @@ pub struct Event {
 /// An `Err` is retried later; the same event may be published more than once, so the broker
 /// or the consumer must drop duplicates by `event_id`.
 pub trait Publisher: Send + Sync + 'static {
+    /// Publishes `event`; `Ok` once the broker holds it durably.
     fn publish<'a>(&'a self, event: &'a Event) -> BoxFuture<'a, Result<(), String>>;
 }
 
@@ -142,6 +147,7 @@ pub struct Backlog {
     pub parked: i64,
 }
 
+/// How much is waiting: unsent and parked rows, and the oldest unsent one's age.
 pub async fn backlog<DB: Backend>(pool: &Pool<DB>) -> Result<Backlog, Error> {
     let mut conn = pool.acquire().await?;
     let (waiting, oldest_created_at, parked) = sql::backlog(DB::pooled(&mut conn)).await?;

@@ -80,6 +80,7 @@ pub struct Relay<DB: Backend, P: Publisher> {
 }
 
 impl<DB: Backend, P: Publisher> Relay<DB, P> {
+    /// A relay of `pool`'s outbox to `publisher`, with the default [`RelayConfig`].
     pub fn new(pool: Pool<DB>, publisher: P) -> Self {
         Relay {
             pool,
@@ -88,6 +89,7 @@ impl<DB: Backend, P: Publisher> Relay<DB, P> {
         }
     }
 
+    /// With these batch, lease, retry and run settings.
     pub fn with_config(mut self, config: RelayConfig) -> Self {
         self.config = config;
         self

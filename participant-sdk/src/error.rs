@@ -4,6 +4,7 @@ use dtx_proto::limits::LimitError;
 
 use crate::barrier::HandlerError;
 
+/// What can go wrong in a participant, an initiator or a message's local transaction.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// An input outside the contract's limits (the message names the limit).
@@ -24,25 +25,39 @@ pub enum Error {
     /// A two-phase message's check-back found its local transaction uncommitted and dropped
     /// the message: the local transaction must roll back (nothing will be delivered).
     #[error("message {xid} was dropped by a check-back before its local transaction committed")]
-    MessageDropped { xid: String },
+    MessageDropped {
+        /// The message.
+        xid: String,
+    },
     /// A Try answered FAILURE: the transaction must roll back.
     #[error("branch {branch_id} of {xid} refused its try: {message}")]
     BranchRefused {
+        /// The transaction.
         xid: String,
+        /// The refusing branch.
         branch_id: String,
+        /// The participant's reason.
         message: String,
     },
     /// A Try's outcome is unknown (timeout, RETRY, transport error): the transaction must roll
     /// back, never commit.
     #[error("branch {branch_id} of {xid} has an unknown outcome: {message}")]
     BranchInDoubt {
+        /// The transaction.
         xid: String,
+        /// The branch whose outcome is unknown.
         branch_id: String,
+        /// What was seen (the timeout, the status, the transport error).
         message: String,
     },
     /// A transaction was still running when the wait ended.
-    #[error("transaction {xid} is still {status}")]
-    NotSettled { xid: String, status: String },
+    #[error("transaction {xid} is still {}", status.as_str_name())]
+    NotSettled {
+        /// The transaction.
+        xid: String,
+        /// Its status when the wait ended.
+        status: dtx_proto::v1::TxStatus,
+    },
     /// A call to the coordinator or a participant failed.
     #[error("rpc failed: {0}")]
     Rpc(#[from] tonic::Status),

@@ -69,12 +69,17 @@ use crate::{Error, metrics};
 /// One branch call as a handler sees it.
 #[derive(Debug, Clone)]
 pub struct BranchCall {
+    /// The transaction (tenant-scoped, as the barrier keys it).
     pub xid: String,
+    /// The branch or saga step.
     pub branch_id: String,
     /// The handler name the call addressed (one function may serve several names).
     pub handler: String,
+    /// Which call this is.
     pub action: Action,
+    /// The branch's payload.
     pub payload: Vec<u8>,
+    /// The branch's headers (trace context among them).
     pub headers: BTreeMap<String, String>,
 }
 

@@ -102,6 +102,7 @@ impl Handled {
 
 /// A callback's answer: the provider's acknowledgement, or a status saying why not.
 pub struct Answered {
+    /// What happened to the callback.
     pub handled: Handled,
     ack: Arc<(StatusCode, Bytes)>,
 }
@@ -476,6 +477,7 @@ impl<DB: Backend> CallbacksBuilder<DB> {
         self
     }
 
+    /// The handler, or why this configuration cannot work (an unknown state, a bad column).
     pub fn build(self) -> Result<Callbacks<DB>, Error> {
         let name_ok = |s: &str| {
             !s.is_empty()
@@ -532,15 +534,23 @@ impl<DB: Backend> CallbacksBuilder<DB> {
 /// A callback parked for a person.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Parked {
+    /// The parked row (what [`resolve`] takes).
     pub id: i64,
+    /// The payment provider.
     pub provider: String,
+    /// The merchant account the callback was for.
     pub merchant: String,
+    /// The provider's trade number.
     pub trade_no: String,
+    /// Our order the callback named.
     pub order_no: String,
+    /// Why it was parked (an amount or currency that differs, a state conflict, ...).
     pub reason: String,
     /// Times this same body arrived.
     pub repeats: i64,
+    /// First arrival, Unix ms.
     pub first_at: i64,
+    /// Latest arrival, Unix ms.
     pub last_at: i64,
 }
 

@@ -12,22 +12,30 @@ use sha2::Sha256;
 /// Why a signature was refused (the callback is answered 401 and nothing is stored).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SignatureError {
+    /// The signature header is absent.
     #[error("no {0} header")]
     Missing(String),
+    /// The signature header cannot be read.
     #[error("the {0} header is not `t=<unix seconds>,v1=<hex>`")]
     Malformed(String),
+    /// Signed too long ago (or in the future): a replay, or a clock far off.
     #[error("signed {skew} s away from now: outside the {window} s window")]
     Expired {
+        /// The signed timestamp, Unix seconds.
         signed_at: i64,
+        /// Seconds between it and now.
         skew: i64,
+        /// The accepted window, seconds.
         window: u64,
     },
+    /// No key's signature matches the body.
     #[error("the signature does not match the body")]
     Mismatch,
 }
 
 /// Checks that a callback comes from the provider, over its raw body.
 pub trait Verifier: Send + Sync + 'static {
+    /// `Ok` when `headers` carry a valid signature of `body` at `now_ms`.
     fn verify(&self, headers: &HeaderMap, body: &[u8], now_ms: i64) -> Result<(), SignatureError>;
 }
 

@@ -69,15 +69,21 @@ pub fn new_token(subject: &str, tenant: &str, roles: &[&str]) -> (String, String
 /// What a branch-call token binds: the call it was signed for, nothing else.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CallClaims {
+    /// The signing coordinator's issuer name.
     pub iss: String,
     /// The participant target the coordinator calls (its URL as registered).
     pub aud: String,
+    /// Issued at, Unix seconds.
     pub iat: u64,
+    /// Expires at, Unix seconds (at most 60 s after `iat`).
     pub exp: u64,
+    /// The transaction, as the participant's barrier keys it (tenant-scoped).
     pub xid: String,
+    /// The branch (or saga step) id.
     pub branch: String,
     /// The `dtx.v1.Action` name: TRY, CONFIRM, CANCEL, ACTION, COMPENSATE.
     pub action: String,
+    /// The participant's handler name.
     pub handler: String,
 }
 
@@ -85,9 +91,13 @@ pub struct CallClaims {
 /// names it, a participant knows the targets it answers as).
 #[derive(Debug, Clone, Copy)]
 pub struct Call<'a> {
+    /// The transaction.
     pub xid: &'a str,
+    /// The branch.
     pub branch: &'a str,
+    /// The action's claim name ([`action_claim`]).
     pub action: &'a str,
+    /// The handler.
     pub handler: &'a str,
 }
 
@@ -164,6 +174,8 @@ fn unb64(text: &str) -> Option<Vec<u8>> {
 }
 
 impl CallSigner {
+    /// A signer from an Ed25519 private key (PKCS#8 PEM); its key id is derived from the
+    /// public key, so participants can hold several keys while one rotates.
     pub fn from_pem(pem: &str) -> Result<Self, CallTokenError> {
         use ed25519_dalek::pkcs8::{DecodePrivateKey, EncodePublicKey};
         let key = ed25519_dalek::SigningKey::from_pkcs8_pem(pem).map_err(|e| {

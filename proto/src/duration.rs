@@ -53,7 +53,10 @@ pub fn exact(d: Duration) -> String {
         (60_000, "m"),
         (1_000, "s"),
     ];
-    match units.iter().find(|(size, _)| ms > 0 && ms.is_multiple_of(*size)) {
+    match units
+        .iter()
+        .find(|(size, _)| ms > 0 && ms.is_multiple_of(*size))
+    {
         Some((size, unit)) => format!("{}{unit}", ms / size),
         None if ms == 0 => "0s".into(),
         None => format!("{ms}ms"),

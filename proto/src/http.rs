@@ -58,13 +58,18 @@ pub const PROBLEM_JSON: &str = "application/problem+json";
 /// what a client should match on (two codes share some HTTP statuses, 409 for example).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Problem {
+    /// RFC 9457 `type`: a URI naming the kind of problem (`about:blank` when none is given).
     #[serde(rename = "type", default = "about_blank")]
     pub kind: String,
+    /// A short summary of the kind of problem.
     #[serde(default)]
     pub title: String,
+    /// The HTTP status code.
     pub status: u16,
+    /// What went wrong with this request, for a person.
     #[serde(default)]
     pub detail: String,
+    /// The gRPC code's name (`INVALID_ARGUMENT`, `NOT_FOUND`, ...).
     pub code: String,
 }
 

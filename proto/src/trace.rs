@@ -15,7 +15,9 @@ pub const TRACEPARENT: &str = "traceparent";
 /// A parsed `traceparent` (version 00).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TraceParent {
+    /// The trace the call belongs to.
     pub trace_id: u128,
+    /// The calling span.
     pub span_id: u64,
     /// Bit 0: sampled.
     pub flags: u8,

@@ -66,7 +66,9 @@ pub async fn migrate<DB: Backend>(pool: &Pool<DB>) -> Result<(), Error> {
 /// An entity's id: the type of its id column.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum EntityId {
+    /// An integer id column.
     Int(i64),
+    /// A text id column.
     Text(String),
 }
 
@@ -110,14 +112,27 @@ impl From<String> for EntityId {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
     /// Moved from `from` into the wanted state; the row's version is now `version`.
-    Moved { from: String, version: i64 },
+    Moved {
+        /// The state it left.
+        from: String,
+        /// The row's version after the move.
+        version: i64,
+    },
     /// Already in the wanted state, entered by the same fact (or without one): a repeat.
     AlreadyThere,
     /// Already past the wanted state (`current` comes after it): a late event, ignored.
-    Stale { current: String },
+    Stale {
+        /// The entity's state now.
+        current: String,
+    },
     /// Not applicable: `current` is on another branch, or the wanted state was entered by
     /// another fact, or it is not reachable from `current` in one step yet.
-    Conflict { current: String, reason: String },
+    Conflict {
+        /// The entity's state now.
+        current: String,
+        /// Why the event does not apply, for logs and the sender.
+        reason: String,
+    },
 }
 
 impl Outcome {
@@ -166,6 +181,7 @@ impl Entity {
         })
     }
 
+    /// The machine that drives this table.
     pub fn machine(&self) -> &Machine {
         &self.machine
     }

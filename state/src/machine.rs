@@ -43,6 +43,7 @@ pub enum Step {
 }
 
 impl Machine {
+    /// Starts declaring the machine `name` (its transitions follow).
     pub fn builder(name: impl Into<String>) -> MachineBuilder {
         MachineBuilder {
             name: name.into(),
@@ -50,6 +51,7 @@ impl Machine {
         }
     }
 
+    /// The machine's name, as the transition log records it.
     pub fn name(&self) -> &str {
         &self.name
     }

@@ -1,6 +1,9 @@
 //! Support for the end-to-end tests: per-test databases on the real servers, a business ledger
 //! that participants keep through the barrier, and helpers to run real gRPC servers on port 0.
 
+// Test support, not an API: the missing_docs lint is for the SDK crates.
+#![allow(missing_docs)]
+
 pub mod auth;
 pub mod barrier;
 pub mod brokers;

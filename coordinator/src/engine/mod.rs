@@ -151,13 +151,22 @@ impl Active {
 
 /// Shared state of the engine.
 pub struct Inner {
+    /// Where every decision and step is recorded; the only state that survives a crash.
     store: Arc<dyn Store>,
+    /// Clients of the participants (one channel per target), with the allowlist and the
+    /// call signer.
     participants: Arc<Participants>,
     config: EngineConfig,
+    /// Transactions this instance drives now, by xid: their live view answers Get and Wait
+    /// ahead of the store's group-committed rows.
     active: Mutex<HashMap<String, Arc<Active>>>,
     metrics: Metrics,
+    /// Set once at shutdown: drivers stop starting calls and hand their transactions back.
     shutdown: watch::Sender<bool>,
+    /// Drivers running now; shutdown waits for it to reach zero (within the grace).
     drivers: AtomicU64,
+    /// A counter mixed into branch sequence numbers so that two registered in one
+    /// millisecond keep their order.
     seq: AtomicU64,
     /// Wakes recovery before its next poll (a retry made due now).
     wake_recovery: Notify,

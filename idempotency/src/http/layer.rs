@@ -38,9 +38,14 @@ struct NewKeys {
 /// `(Extension(Outcome::FailedRetryable), StatusCode::INTERNAL_SERVER_ERROR, "...")`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
+    /// Recorded SUCCEEDED: repeats get this response.
     Succeeded,
+    /// Recorded FAILED_FINAL: repeats get this failure.
     FailedFinal,
+    /// Recorded FAILED_RETRYABLE: the next request runs the handler again.
     FailedRetryable,
+    /// The effect may or may not have happened: the record stays PROCESSING until its lease
+    /// expires and the fact check decides.
     Unknown,
 }
 

@@ -65,8 +65,11 @@ dtx_sql::db_enum! {
     /// The action of a branch call; `as_str` is the name stored in `dtx_barrier.action` (and
     /// `written_by`).
     pub enum Action {
+        /// A TCC branch's reservation.
         Try = "try",
+        /// A TCC branch's commit of its reservation.
         Confirm = "confirm",
+        /// A TCC branch's release of its reservation (or a null compensation, with no Try).
         Cancel = "cancel",
         /// A saga step's forward action.
         Action = "action",
@@ -130,8 +133,11 @@ impl Action {
 /// Identifies one branch call: the barrier's unique key, and the request it carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BranchKey<'a> {
+    /// The transaction (tenant-scoped, as the coordinator sends it).
     pub xid: &'a str,
+    /// The branch or saga step.
     pub branch_id: &'a str,
+    /// Which call this is.
     pub action: Action,
     /// The request's hash, stored with a Try/Action row so a repeat with another request is a
     /// conflict. `None`: no check (the stored first result is replayed to any repeat).
@@ -207,7 +213,9 @@ pub enum Detail {
 /// The barrier's answer to one branch call.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Answer {
+    /// What the caller is told.
     pub reply: Reply,
+    /// Why, for metrics and logs (first run, repeat, null compensation, ...).
     pub detail: Detail,
 }
 
@@ -216,6 +224,7 @@ impl Answer {
         Answer { reply, detail }
     }
 
+    /// Whether the call succeeded (first time or as a repeat).
     pub fn is_success(&self) -> bool {
         matches!(self.reply, Reply::Success(_))
     }

@@ -57,6 +57,7 @@ impl MessageBranch {
         })
     }
 
+    /// The body the branch is delivered with.
     pub fn payload(mut self, payload: Vec<u8>) -> Self {
         self.0.payload = payload;
         self
@@ -80,6 +81,7 @@ impl MessageBranch {
         self
     }
 
+    /// A header sent with every delivery of this branch.
     pub fn header(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
         self.0.headers.insert(key.into(), value.into());
         self
@@ -128,6 +130,7 @@ impl MessageBuilder {
         self
     }
 
+    /// Adds a branch the message delivers once submitted.
     pub fn branch(mut self, branch: MessageBranch) -> Self {
         self.request.branches.push(branch.0);
         self
@@ -249,6 +252,7 @@ pub struct PreparedMessage {
 }
 
 impl PreparedMessage {
+    /// The message's xid, as the caller named it.
     pub fn xid(&self) -> &str {
         &self.xid
     }

@@ -91,15 +91,20 @@ impl Default for TccOptions {
 /// Confirm and Cancel receive.
 #[derive(Debug, Clone)]
 pub struct TccBranch {
+    /// The participant's URL (`http://host:port`, `https://...`).
     pub target: String,
+    /// The handler name the participant serves.
     pub handler: String,
+    /// The body its Try, Confirm and Cancel receive.
     pub payload: Vec<u8>,
+    /// Headers sent with each of its calls.
     pub headers: BTreeMap<String, String>,
     /// Defaults to "b1", "b2", ... in call order.
     pub branch_id: Option<String>,
 }
 
 impl TccBranch {
+    /// A branch calling `handler` at `target` with `payload`.
     pub fn new(target: impl Into<String>, handler: impl Into<String>, payload: Vec<u8>) -> Self {
         TccBranch {
             target: target.into(),
@@ -110,11 +115,13 @@ impl TccBranch {
         }
     }
 
+    /// Names the branch (it must be unique within the transaction).
     pub fn id(mut self, branch_id: impl Into<String>) -> Self {
         self.branch_id = Some(branch_id.into());
         self
     }
 
+    /// A header sent with each of the branch's calls.
     pub fn header(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
         self.headers.insert(key.into(), value.into());
         self
@@ -209,6 +216,7 @@ impl Coordinator {
         })
     }
 
+    /// A client on an existing channel (for custom transports or interceptors).
     pub fn from_channel(channel: Channel) -> Self {
         Coordinator {
             client: CoordinatorClient::new(channel).max_decoding_message_size(16 * 1024 * 1024),
@@ -355,6 +363,7 @@ pub struct TccTransaction {
 }
 
 impl TccTransaction {
+    /// The transaction's xid, as the caller named it (or as it was generated).
     pub fn xid(&self) -> &str {
         &self.xid
     }
@@ -535,6 +544,7 @@ impl SagaStep {
         self
     }
 
+    /// The compensation's payload, when it differs from the action's.
     pub fn compensate_payload(mut self, payload: Vec<u8>) -> Self {
         self.0.compensate_payload = payload;
         self
@@ -551,11 +561,13 @@ impl SagaStep {
         self
     }
 
+    /// Attempts, backoff and call timeout of this step's calls.
     pub fn retry(mut self, policy: RetryPolicy) -> Self {
         self.0.retry = Some(policy.into());
         self
     }
 
+    /// A header sent with each of the step's calls.
     pub fn header(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
         self.0.headers.insert(key.into(), value.into());
         self
@@ -567,7 +579,9 @@ impl SagaStep {
 pub struct RetryPolicy {
     /// Attempts of an action before the saga compensates (0: the coordinator's default, 5).
     pub max_attempts: u32,
+    /// The first wait between attempts (it doubles, with jitter; zero: the default).
     pub initial_backoff: Duration,
+    /// The longest wait between attempts (zero: the default).
     pub max_backoff: Duration,
     /// Timeout of one call (an expired call has an unknown outcome).
     pub call_timeout: Duration,
@@ -625,6 +639,7 @@ impl SagaBuilder {
         }
     }
 
+    /// Adds a step.
     pub fn step(mut self, step: SagaStep) -> Self {
         self.request.steps.push(step.0);
         self
@@ -691,6 +706,7 @@ pub struct SagaHandle {
 }
 
 impl SagaHandle {
+    /// The saga's xid.
     pub fn xid(&self) -> &str {
         &self.xid
     }
@@ -712,7 +728,7 @@ impl SagaHandle {
             if left.is_zero() {
                 return Err(Error::NotSettled {
                     xid: self.xid.clone(),
-                    status: status.as_str_name().to_string(),
+                    status,
                 });
             }
         }
@@ -724,10 +740,12 @@ impl SagaHandle {
 pub struct SagaOutcome(pub wire::Transaction);
 
 impl SagaOutcome {
+    /// SUCCEEDED, COMPENSATED or NEEDS_ATTENTION.
     pub fn status(&self) -> TxStatus {
         self.0.status()
     }
 
+    /// Whether every step's action succeeded.
     pub fn succeeded(&self) -> bool {
         self.status() == TxStatus::Succeeded
     }
@@ -741,6 +759,7 @@ impl SagaOutcome {
             .map(|b| b.result.as_slice())
     }
 
+    /// Every step as the coordinator recorded it (state, attempts, last error, result).
     pub fn steps(&self) -> &[wire::Branch] {
         &self.0.branches
     }
