@@ -2,7 +2,9 @@
 //!
 //! Exit codes (for scripts): 0 done, 1 another error, 2 bad usage, 3 not found, 4 refused
 //! (the action does not apply to the transaction's status), 5 invalid input, 6 the
-//! coordinator is unreachable, unavailable or did not answer within `--timeout`.
+//! coordinator is unreachable, unavailable or did not answer within `--timeout`, 7 not
+//! authenticated or not allowed, 8 over a quota: each reason's code is in
+//! `dtx_proto::reason::TABLE`.
 
 mod output;
 
@@ -10,6 +12,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use dtx_proto::duration;
+use dtx_proto::reason::Reason;
 use dtx_proto::tls::ClientTls;
 use dtx_proto::v1 as wire;
 use dtx_proto::v1::admin_client::AdminClient;
@@ -165,15 +168,16 @@ struct Failure {
 
 impl From<tonic::Status> for Failure {
     fn from(s: tonic::Status) -> Failure {
-        let code = match s.code() {
-            Code::NotFound => 3,
-            Code::FailedPrecondition | Code::Aborted | Code::AlreadyExists => 4,
-            Code::InvalidArgument | Code::OutOfRange => 5,
-            Code::Unauthenticated | Code::PermissionDenied => 7,
-            Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled => 6,
-            // The connection failed under the call (tonic reports it as UNKNOWN).
-            _ if transport_failure(&s) => 6,
-            _ => 1,
+        // The reason's exit code (`dtx_proto::reason::TABLE`, the README's table of reasons).
+        let code = match Reason::of_status(&s) {
+            Some(reason) => reason.exit_code(),
+            None => match s.code() {
+                Code::OutOfRange => 5,
+                Code::DeadlineExceeded | Code::Cancelled => 6,
+                // The connection failed under the call (tonic reports it as UNKNOWN).
+                _ if transport_failure(&s) => 6,
+                _ => 1,
+            },
         };
         // A connection closed under the call: over TLS, most often a refused certificate.
         let hint = if code == 6 && s.code() != Code::Unavailable {

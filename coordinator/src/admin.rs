@@ -4,6 +4,7 @@
 
 use dtx_proto::codec::SizeGuard;
 use dtx_proto::limits::{self, LimitError};
+use dtx_proto::reason::Reason;
 use dtx_proto::v1 as wire;
 use dtx_proto::v1::admin_server::{Admin, AdminServer};
 use tonic::{Request, Response, Status};
@@ -175,7 +176,9 @@ fn domain_status(status: i32) -> Result<TxStatus, Status> {
         .iter()
         .copied()
         .find(|s| Some(wire_status(*s)) == wire)
-        .ok_or_else(|| Status::invalid_argument(format!("statuses: {status} is not a TxStatus")))
+        .ok_or_else(|| {
+            Reason::InvalidRequest.status(format!("statuses: {status} is not a TxStatus"))
+        })
 }
 
 /// A page token: the last row's update time and xid (`~` is outside the xid charset).
@@ -187,7 +190,7 @@ fn parse_page_token(token: &str) -> Result<Option<(i64, String)>, Status> {
     if token.is_empty() {
         return Ok(None);
     }
-    let bad = || Status::invalid_argument("page_token is not one this service issued");
+    let bad = || Reason::InvalidRequest.status("page_token is not one this service issued");
     let (created, xid) = token.split_once('~').ok_or_else(bad)?;
     limits::check_scoped_xid(xid).map_err(|_| bad())?;
     Ok(Some((created.parse().map_err(|_| bad())?, xid.to_string())))
@@ -212,7 +215,7 @@ fn list_query(req: wire::ListTransactionsRequest, now_ms: i64) -> Result<ListQue
         Ok(wire::TxKind::Tcc) => Some(Kind::Tcc),
         Ok(wire::TxKind::Saga) => Some(Kind::Saga),
         Ok(wire::TxKind::Message) => Some(Kind::Message),
-        Err(_) => return Err(Status::invalid_argument("kind is not a TxKind")),
+        Err(_) => return Err(Reason::InvalidRequest.status("kind is not a TxKind")),
     };
     let xid_prefix = match req.xid_prefix.as_str() {
         "" => None,
@@ -223,7 +226,7 @@ fn list_query(req: wire::ListTransactionsRequest, now_ms: i64) -> Result<ListQue
         }
     };
     if req.limit > limits::MAX_LIST_LIMIT {
-        return Err(Status::invalid_argument(format!(
+        return Err(Reason::InvalidRequest.status(format!(
             "limit is {}, above the maximum page of {}",
             req.limit,
             limits::MAX_LIST_LIMIT

@@ -105,7 +105,8 @@ impl Caller {
     /// The stored key of this caller's transaction `xid` (its tenant's scope); the key is
     /// also the xid participants see.
     pub fn scope(&self, xid: &str) -> Result<String, Status> {
-        dtx_proto::limits::scoped_xid(&self.tenant, xid).map_err(|e| Status::invalid_argument(e.0))
+        dtx_proto::limits::scoped_xid(&self.tenant, xid)
+            .map_err(|e| Reason::InvalidRequest.status(e.0))
     }
 
     /// `xid`, or a fresh one when empty, and its stored key.
@@ -231,9 +232,8 @@ impl Auth {
             return anonymous(metadata);
         };
         let Some(token) = dtx_proto::auth::bearer(metadata) else {
-            return Err(Status::unauthenticated(
-                "no bearer token: send the header `authorization: Bearer <token>`",
-            ));
+            return Err(Reason::Unauthenticated
+                .status("no bearer token: send the header `authorization: Bearer <token>`"));
         };
         self.verify(&keys.read().expect("auth keys").clone(), token)
     }
@@ -251,7 +251,7 @@ impl Auth {
             return Ok(caller.clone());
         }
         if token.matches('.').count() != 2 || keys.jwks.is_empty() {
-            return Err(Status::unauthenticated("unknown bearer token"));
+            return Err(Reason::Unauthenticated.status("unknown bearer token"));
         }
         let now = jsonwebtoken::get_current_timestamp();
         if let Some((caller, exp)) = keys.verified.read().expect("verified").get(token)
@@ -259,7 +259,8 @@ impl Auth {
         {
             return Ok(caller.clone());
         }
-        let bad = |why: String| Status::unauthenticated(format!("bearer token refused: {why}"));
+        let bad =
+            |why: String| Reason::Unauthenticated.status(format!("bearer token refused: {why}"));
         let header = jsonwebtoken::decode_header(token).map_err(|e| bad(e.to_string()))?;
         let kid = header.kid.clone().unwrap_or_default();
         let (key, alg) = keys
@@ -299,10 +300,10 @@ fn anonymous(metadata: &MetadataMap) -> Result<Caller, Status> {
         None => ANONYMOUS.to_string(),
         Some(value) => {
             let name = value.to_str().map_err(|_| {
-                Status::invalid_argument(format!("{OPERATOR_HEADER} is not ASCII text"))
+                Reason::InvalidRequest.status(format!("{OPERATOR_HEADER} is not ASCII text"))
             })?;
             dtx_proto::limits::check_operator(OPERATOR_HEADER, name)
-                .map_err(|e| Status::invalid_argument(e.0))?;
+                .map_err(|e| Reason::InvalidRequest.status(e.0))?;
             name.to_string()
         }
     };
@@ -327,7 +328,7 @@ pub fn authorize(caller: &Caller, rpc: &str) -> Result<(), Status> {
             .collect::<Vec<_>>()
             .join(", ")
     };
-    Err(Status::permission_denied(format!(
+    Err(Reason::RoleDenied.status(format!(
         "{rpc} needs the role {}; {} has {}",
         if allowed.is_empty() {
             "(none: not callable)".to_string()
@@ -349,6 +350,7 @@ pub fn check_tenant(tenant: &str) -> Result<(), String> {
 }
 
 use dtx_proto::auth::token_hash;
+use dtx_proto::reason::Reason;
 
 /// A new random opaque token and its token-file line.
 pub fn new_token(subject: &str, tenant: &str, roles: &[Role]) -> (String, String) {

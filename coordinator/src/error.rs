@@ -3,6 +3,7 @@
 //! process before it serves is `startup::StartError`, not this.
 
 use dtx_proto::limits::LimitError;
+use dtx_proto::reason::Reason;
 
 use crate::domain::TxStatus;
 
@@ -44,6 +45,21 @@ pub enum Error {
 }
 
 impl Error {
+    /// Why, as clients match on it: one reason per variant (`dtx_proto::reason`), which also
+    /// fixes the gRPC code.
+    pub fn reason(&self) -> Reason {
+        match self {
+            Error::Invalid(_) => Reason::InvalidRequest,
+            Error::UnknownXid(_) => Reason::UnknownTransaction,
+            Error::Conflict(_) => Reason::KeyReused,
+            Error::Decided { .. } => Reason::AlreadyDecided,
+            Error::Forbidden(_) => Reason::TargetNotAllowed,
+            Error::WrongState(_) => Reason::WrongState,
+            Error::Store(_) | Error::Unavailable(_) | Error::ShuttingDown => Reason::Unavailable,
+            Error::Corrupt(_) => Reason::Internal,
+        }
+    }
+
     /// Whether the store's connection was lost (the outcome of a write in flight is unknown),
     /// as opposed to an error of one statement.
     pub fn is_connection_lost(&self) -> bool {

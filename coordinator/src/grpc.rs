@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use dtx_proto::codec::SizeGuard;
 use dtx_proto::limits;
+use dtx_proto::reason::Reason;
 use dtx_proto::v1 as wire;
 use dtx_proto::v1::coordinator_server::{Coordinator, CoordinatorServer};
 use tonic::{Request, Response, Status};
@@ -115,26 +116,19 @@ pub fn caller_xid(key: &str) -> String {
     limits::unscoped(key).1.to_string()
 }
 
+/// The error's reason (and so its code) with its message; a contradicted decision also says
+/// the recorded status in `dtx-status`.
 impl From<Error> for Status {
     fn from(e: Error) -> Status {
-        match e {
-            Error::Invalid(e) => Status::invalid_argument(e.0),
-            Error::UnknownXid(_) => Status::not_found(e.to_string()),
-            Error::Conflict(m) => Status::already_exists(m),
-            Error::Decided { message, status } => {
-                let mut s = Status::aborted(message);
-                if let Ok(v) = status.as_str().parse() {
-                    s.metadata_mut().insert("dtx-status", v);
-                }
-                s
-            }
-            Error::WrongState(m) => Status::failed_precondition(m),
-            Error::Forbidden(m) => Status::permission_denied(m),
-            Error::Store(_) | Error::Unavailable(_) | Error::ShuttingDown => {
-                Status::unavailable(e.to_string())
-            }
-            Error::Corrupt(_) => Status::internal(e.to_string()),
+        let mut status = e.reason().status(e.to_string());
+        if let Error::Decided {
+            status: recorded, ..
+        } = &e
+            && let Ok(v) = recorded.as_str().parse()
+        {
+            status.metadata_mut().insert("dtx-status", v);
         }
+        status
     }
 }
 
@@ -246,7 +240,7 @@ fn wait_for(wait: bool, millis: u64) -> Result<Option<Duration>, Status> {
         limits::MAX_WAIT,
     )
     .map(Some)
-    .map_err(|e| Status::invalid_argument(e.0))
+    .map_err(|e| Reason::InvalidRequest.status(e.0))
 }
 
 macro_rules! traced {
@@ -314,7 +308,7 @@ impl Coordinator for CoordinatorService {
             let try_token = self
                 .engine
                 .sign_try(&req.target, try_call)
-                .map_err(Status::internal)?
+                .map_err(|e| Reason::Internal.status(e))?
                 .unwrap_or_default();
             let branch = NewBranch {
                 branch_id: req.branch_id,

@@ -17,6 +17,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use dtx_proto::http::{PROBLEM_JSON, Problem};
 use dtx_proto::limits::MAX_REQUEST_BYTES;
+use dtx_proto::reason::Reason;
 use dtx_proto::v1::admin_server::Admin;
 use dtx_proto::v1::coordinator_server::Coordinator;
 use serde::Serialize;
@@ -102,7 +103,7 @@ pub fn router(
 
 /// Any other path: problem+json like every other error, saying what is served.
 async fn no_route(uri: axum::http::Uri) -> Response {
-    problem(&Status::not_found(format!(
+    problem(&Reason::UnknownMethod.status(format!(
         "no route {}: the RPCs are served as POST /dtx.v1.Coordinator/<Method> and POST \
          /dtx.v1.Admin/<Method>",
         uri.path()
@@ -147,7 +148,7 @@ where
     match call(request).await {
         Ok(response) => match serde_json::to_vec(response.get_ref()) {
             Ok(json) => ([(header::CONTENT_TYPE, "application/json")], json).into_response(),
-            Err(e) => problem(&Status::internal(format!("encoding the answer: {e}"))),
+            Err(e) => problem(&Reason::Internal.status(format!("encoding the answer: {e}"))),
         },
         Err(status) => problem(&status),
     }
@@ -176,7 +177,10 @@ async fn read(body: Body) -> Result<Bytes, Response> {
                     format!("reading the request body: {e}"),
                 ),
             };
-            Err(problem_as(Some(code), &Status::invalid_argument(detail)))
+            Err(problem_as(
+                Some(code),
+                &Reason::InvalidRequest.status(detail),
+            ))
         }
     }
 }
@@ -184,7 +188,7 @@ async fn read(body: Body) -> Result<Bytes, Response> {
 /// The request message; an empty body is the message with every field at its default.
 fn decode<Req: DeserializeOwned + Default>(body: &[u8]) -> Result<Req, Status> {
     if body.len() > MAX_BODY_BYTES {
-        return Err(Status::invalid_argument(format!(
+        return Err(Reason::InvalidRequest.status(format!(
             "the request body is {} bytes, larger than the limit of {MAX_BODY_BYTES} bytes for \
              a JSON request ({MAX_REQUEST_BYTES} bytes as protobuf)",
             body.len()
@@ -198,7 +202,7 @@ fn decode<Req: DeserializeOwned + Default>(body: &[u8]) -> Result<Req, Status> {
             .rsplit("::")
             .next()
             .unwrap_or("request");
-        Status::invalid_argument(format!("the request body is not a {name} in JSON: {e}"))
+        Reason::InvalidRequest.status(format!("the request body is not a {name} in JSON: {e}"))
     })
 }
 

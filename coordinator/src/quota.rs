@@ -8,6 +8,7 @@
 //! with N instances behind a balancer a tenant gets up to N times the rate. Transactions in
 //! flight are counted in the store (every instance's), at most once a second per tenant.
 
+use dtx_proto::reason::Reason;
 use std::collections::HashMap;
 use std::future::Future;
 use std::num::NonZeroU32;
@@ -181,7 +182,7 @@ impl Quotas {
 
 fn exceeded(quota: &'static str, message: String, wait: Duration) -> Exceeded {
     let seconds = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
-    let mut status = Status::resource_exhausted(format!("{message}; retry in {seconds} s"));
+    let mut status = Reason::QuotaExceeded.status(format!("{message}; retry in {seconds} s"));
     if let Ok(value) = seconds.max(1).to_string().parse() {
         status.metadata_mut().insert(RETRY_AFTER, value);
     }

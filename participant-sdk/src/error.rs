@@ -1,6 +1,7 @@
 //! The SDK's one error type.
 
 use dtx_proto::limits::LimitError;
+use dtx_proto::reason::Reason;
 
 use crate::barrier::HandlerError;
 
@@ -79,6 +80,21 @@ impl From<dtx_idempotency::Error> for Error {
             dtx_idempotency::Error::Limit(e) => Error::Limit(e),
             dtx_idempotency::Error::Handler(e) => Error::Handler(e),
             other => Error::Idempotency(other),
+        }
+    }
+}
+
+impl Error {
+    /// Why a coordinator call failed (`dtx_proto::reason`, the README's table of error
+    /// reasons): the reason a status carries or implies; an input this SDK refused before
+    /// sending is `INVALID_REQUEST`, as the coordinator would have answered; a failed
+    /// connection is `UNAVAILABLE`. `None` for errors of the local side (database, handler).
+    pub fn reason(&self) -> Option<Reason> {
+        match self {
+            Error::Rpc(status) => Reason::of_status(status),
+            Error::Limit(_) => Some(Reason::InvalidRequest),
+            Error::Transport(_) => Some(Reason::Unavailable),
+            _ => None,
         }
     }
 }

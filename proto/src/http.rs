@@ -5,6 +5,8 @@
 use serde::{Deserialize, Serialize};
 use tonic::Code;
 
+use crate::reason::Reason;
+
 /// Every gRPC code, its name as it appears in a problem body, and its HTTP status (the
 /// mapping gRPC-gateway and Connect use).
 pub const STATUS_TABLE: [(Code, &str, u16); 17] = [
@@ -82,7 +84,7 @@ impl Problem {
     pub fn of_status(status: &tonic::Status) -> Problem {
         let code = status.code();
         Problem {
-            kind: about_blank(),
+            kind: Reason::of_status(status).map_or_else(about_blank, Reason::problem_type),
             title: code.description().to_string(),
             status: http_status(code),
             detail: status.message().to_string(),
@@ -90,12 +92,20 @@ impl Problem {
         }
     }
 
-    /// The gRPC status this problem stands for (`UNKNOWN` if `code` names none).
+    /// The gRPC status this problem stands for (`UNKNOWN` if `code` names none), with the
+    /// reason its `type` names.
     pub fn to_status(&self) -> tonic::Status {
-        tonic::Status::new(
-            code_named(&self.code).unwrap_or(Code::Unknown),
-            self.detail.clone(),
-        )
+        let code = code_named(&self.code).unwrap_or(Code::Unknown);
+        match Reason::of_problem_type(&self.kind) {
+            Some(reason) if reason.code() == code => reason.status(self.detail.clone()),
+            _ => tonic::Status::new(code, self.detail.clone()),
+        }
+    }
+
+    /// Why the call failed: the reason its `type` names, else the one its code implies.
+    pub fn reason(&self) -> Option<Reason> {
+        Reason::of_problem_type(&self.kind)
+            .or_else(|| code_named(&self.code).and_then(Reason::implied_by))
     }
 }
 

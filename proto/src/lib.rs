@@ -9,6 +9,8 @@
 //!   participant server and the client SDK reject the same inputs with the same messages.
 //! * [`http`] - the contract over HTTP/JSON: gRPC codes as HTTP statuses, problem bodies
 //!   (the messages' proto3 JSON serde is generated into [`v1`]).
+//! * [`reason`] - why a call failed, one stable name per cause, carried the same way by gRPC,
+//!   HTTP/JSON, both SDKs and the CLI.
 //! * [`codec`] - the codec of the generated code and the size guard of the servers, so
 //!   malformed and oversized requests are INVALID_ARGUMENT with a message saying why.
 
@@ -20,6 +22,7 @@ pub mod duration;
 pub mod http;
 pub mod limits;
 pub mod present;
+pub mod reason;
 pub mod tls;
 pub mod trace;
 

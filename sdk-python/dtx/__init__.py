@@ -31,6 +31,7 @@ from .client import (
 )
 from .db import Database, MySql, Postgres, Sqlite, from_url
 from .limits import LimitError
+from .reasons import reason_of
 from .server import BranchCall, ParticipantServer, Rejected, ServerTls
 
 __all__ = [
@@ -65,5 +66,6 @@ __all__ = [
     "check_back",
     "from_url",
     "prepare_message",
+    "reason_of",
     "request_hash",
 ]

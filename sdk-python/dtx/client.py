@@ -43,6 +43,7 @@ import urllib.request
 import grpc
 from google.protobuf import json_format
 
+from . import reasons
 from .auth import CALL_TOKEN
 from .barrier import MessageDropped, Prepared, prepare_message
 from .v1 import dtx_pb2 as wire
@@ -64,11 +65,13 @@ class BranchInDoubt(DtxError):
 
 
 class CoordinatorError(DtxError):
-    """A coordinator RPC answered a gRPC error (``code``: its ``grpc.StatusCode``)."""
+    """A coordinator RPC answered a gRPC error (``code``: its ``grpc.StatusCode``; ``reason``:
+    why, one of ``dtx.reasons.REASONS``, or ``None``)."""
 
-    def __init__(self, code, message):
+    def __init__(self, code, message, reason=None):
         super().__init__(f"{code.name}: {message}")
         self.code = code
+        self.reason = reason
 
 
 def _address(target):
@@ -164,7 +167,7 @@ class Coordinator:
         try:
             return getattr(self.stub, method)(request, timeout=timeout_s, metadata=metadata)
         except grpc.RpcError as e:
-            raise CoordinatorError(e.code(), e.details()) from None
+            raise CoordinatorError(e.code(), e.details(), reasons.reason_of(e)) from None
 
     def participant(self, target):
         if target not in self._participants:

@@ -895,7 +895,9 @@ async fn start_coordinator(
         (Some(s), Some(skew)) if s == index => Some(skew.offset.as_str()),
         _ => None,
     };
-    let mut flags = vec!["--instance", &name, "--lease", &lease];
+    // The earlier spelling (deprecated, still accepted): `--coordinator-bin` may name a
+    // coordinator built before `--lease` existed, to show a fault class finds an old bug.
+    let mut flags = vec!["--instance", &name, "--lease-ms", &lease];
     let auth_flags = cfg
         .auth
         .as_ref()

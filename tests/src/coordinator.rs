@@ -15,23 +15,25 @@ use tokio::sync::oneshot;
 
 use crate::net::free_addr;
 
-/// Flags every test coordinator gets: short leases and polls so takeovers happen within a test.
-pub const FAST: &[&str] = &[
-    "--lease",
-    "1s",
-    "--poll",
-    "100ms",
-    "--shutdown-grace",
-    "500ms",
+/// Settings every test coordinator gets, short leases and polls so takeovers happen within a
+/// test: each flag with its value, then its earlier spelling with the same value.
+pub const FAST: [[&str; 4]; 3] = [
+    ["--lease", "1s", "--lease-ms", "1000"],
+    ["--poll", "100ms", "--poll-ms", "100"],
+    ["--shutdown-grace", "500ms", "--shutdown-grace-ms", "500"],
 ];
 
-/// [`FAST`] (except the flags `extra` sets itself) followed by `extra`.
-fn with_fast<'a>(extra: &[&'a str]) -> Vec<&'a str> {
+/// [`FAST`] (except the flags `extra` sets itself, in either spelling) followed by `extra`. A
+/// coordinator process gets the earlier spellings (`earlier`), which every build accepts: the
+/// chaos harness runs binaries built before the current ones existed.
+fn with_fast<'a>(extra: &[&'a str], earlier: bool) -> Vec<&'a str> {
     let mut args: Vec<&str> = FAST
-        .chunks(2)
-        .filter(|pair| !extra.contains(&pair[0]))
-        .flatten()
-        .copied()
+        .iter()
+        .filter(|[flag, _, old, _]| !extra.contains(flag) && !extra.contains(old))
+        .flat_map(|[flag, value, old, old_value]| match earlier {
+            true => [*old, *old_value],
+            false => [*flag, *value],
+        })
         .collect();
     args.extend_from_slice(extra);
     args
@@ -39,7 +41,7 @@ fn with_fast<'a>(extra: &[&'a str]) -> Vec<&'a str> {
 
 fn config(store: &str, extra: &[&str]) -> Config {
     let mut args = vec!["coordinator", "--store", store, "--listen", "127.0.0.1:0"];
-    args.extend(with_fast(extra));
+    args.extend(with_fast(extra, false));
     Config::try_parse_from(args).expect("test coordinator flags")
 }
 
@@ -187,7 +189,7 @@ impl Process {
     ) -> Process {
         let listen = addr.to_string();
         let mut args = vec!["--store", store, "--listen", listen.as_str()];
-        args.extend(with_fast(extra));
+        args.extend(with_fast(extra, true));
         let log = std::env::var("DTX_TEST_COORDINATOR_LOG").ok();
         let mut command = match open_files {
             // `exec` keeps the pid: signals reach the coordinator itself.

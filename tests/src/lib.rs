@@ -18,6 +18,7 @@ pub mod outbox;
 pub mod participant;
 pub mod pki;
 pub mod python;
+pub mod rpc;
 pub mod scrape;
 pub mod shop;
 pub mod webhook;

@@ -65,68 +65,22 @@ fn requests(xid: &str, bank: &str) -> Vec<(&'static str, serde_json::Value)> {
     ]
 }
 
-/// Calls `rpc` over gRPC with `body` (decoded into its request type) and `token`.
+/// The code of `rpc` over gRPC with `body` and `token` (`Ok` when it succeeded).
 async fn grpc(url: &str, rpc: &str, body: serde_json::Value, token: Option<&str>) -> Code {
-    let channel = tonic::transport::Endpoint::from_shared(url.to_string())
-        .unwrap()
-        .connect()
+    dtx_tests::rpc::grpc(url, rpc, body, token)
         .await
-        .unwrap();
-    let (mut c, mut a) = (
-        CoordinatorClient::new(channel.clone()),
-        AdminClient::new(channel),
-    );
-    macro_rules! call {
-        ($client:ident . $method:ident) => {{
-            let mut request = tonic::Request::new(serde_json::from_value(body).unwrap());
-            if let Some(token) = token {
-                request.metadata_mut().insert(
-                    "authorization",
-                    dtx_proto::auth::bearer_value(token).unwrap(),
-                );
-            }
-            $client
-                .$method(request)
-                .await
-                .err()
-                .map_or(Code::Ok, |s| s.code())
-        }};
-    }
-    match rpc.rsplit_once('/').unwrap() {
-        ("dtx.v1.Coordinator", "Begin") => call!(c.begin),
-        ("dtx.v1.Coordinator", "RegisterBranch") => call!(c.register_branch),
-        ("dtx.v1.Coordinator", "Commit") => call!(c.commit),
-        ("dtx.v1.Coordinator", "Rollback") => call!(c.rollback),
-        ("dtx.v1.Coordinator", "SubmitSaga") => call!(c.submit_saga),
-        ("dtx.v1.Coordinator", "Get") => call!(c.get),
-        ("dtx.v1.Coordinator", "Wait") => call!(c.wait),
-        ("dtx.v1.Coordinator", "Resume") => call!(c.resume),
-        ("dtx.v1.Admin", "ListTransactions") => call!(a.list_transactions),
-        ("dtx.v1.Admin", "DescribeTransaction") => call!(a.describe_transaction),
-        ("dtx.v1.Admin", "Stats") => call!(a.stats),
-        ("dtx.v1.Admin", "Resume") => call!(a.resume),
-        ("dtx.v1.Admin", "ForceRollback") => call!(a.force_rollback),
-        ("dtx.v1.Admin", "RetryNow") => call!(a.retry_now),
-        _ => panic!("no call for {rpc}"),
-    }
+        .err()
+        .map_or(Code::Ok, |s| s.code())
 }
 
-/// Calls `rpc` over HTTP/JSON; the gRPC code of the answer (from its problem body).
+/// The code of `rpc` over HTTP/JSON (from its problem body).
 async fn http(base: &str, rpc: &str, body: serde_json::Value, token: Option<&str>) -> Code {
-    let mut request = reqwest::Client::new()
-        .post(format!("{base}/{rpc}"))
-        .header("content-type", "application/json")
-        .body(body.to_string());
-    if let Some(token) = token {
-        request = request.bearer_auth(token);
+    match dtx_tests::rpc::http(base, rpc, body, token).await {
+        Ok(()) => Code::Ok,
+        Err(problem) => {
+            dtx_proto::http::code_named(&problem.code).unwrap_or_else(|| panic!("{problem:?}"))
+        }
     }
-    let answer = request.send().await.unwrap();
-    if answer.status().is_success() {
-        return Code::Ok;
-    }
-    let problem: dtx_proto::http::Problem =
-        serde_json::from_slice(&answer.bytes().await.unwrap()).unwrap();
-    dtx_proto::http::code_named(&problem.code).unwrap_or_else(|| panic!("{problem:?}"))
 }
 
 /// Rows in every coordinator table: a refused call must not change it.

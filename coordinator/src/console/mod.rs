@@ -23,6 +23,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{Html, IntoResponse, Redirect, Response};
 use axum::routing::get;
+use dtx_proto::reason::Reason;
 use dtx_proto::v1 as wire;
 
 use crate::admin::{self, ANONYMOUS, Action};
@@ -261,7 +262,7 @@ async fn act(
             name => name.to_string(),
         };
         if let Err(e) = dtx_proto::limits::check_operator("operator", &caller.subject) {
-            return failed(tonic::Status::invalid_argument(e.0));
+            return failed(Reason::InvalidRequest.status(e.0));
         }
     }
     if form.confirmed != "yes" {
