@@ -1,37 +1,23 @@
-//! The console's pages as pure functions of the Admin responses. Everything that comes from
-//! users or participants (xids, errors, targets, reasons, operator names) goes through
-//! [`escape`]; the only markup is ours.
+//! The console's pages as pure functions of the Admin responses, written as maud templates:
+//! everything interpolated is escaped unless marked otherwise, so text from users or
+//! participants (xids, errors, targets, reasons, operator names) cannot become markup; URL
+//! parts are percent-encoded with the `percent-encoding` crate.
 
 use dtx_proto::present::{short, utc};
 use dtx_proto::v1 as wire;
+use maud::{DOCTYPE, Markup, html};
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 
-/// HTML-escapes text for element content and quoted attribute values.
-pub fn escape(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
-        }
-    }
-    out
-}
+/// What stays as it is in a path segment or query value: RFC 3986's unreserved characters.
+const UNRESERVED: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
 
 /// Percent-encodes a path segment or query value.
 pub fn encode(text: &str) -> String {
-    let mut out = String::new();
-    for b in text.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
+    utf8_percent_encode(text, UNRESERVED).to_string()
 }
 
 /// The console's style sheet, served as `/console.css` (the CSP allows no inline style).
@@ -65,95 +51,108 @@ const d=new DOMParser().parseFromString(await r.text(),'text/html');\
 const n=d.getElementById('live');if(n)document.getElementById('live').replaceWith(n);},5000);";
 
 /// The refresh box; [`SCRIPT`] acts on it.
-const REFRESH: &str = "<label><input type=checkbox id=auto checked> refresh every 5 s</label>";
-
-/// A whole page around `body`.
-pub fn page(title: &str, body: &str) -> String {
-    format!(
-        "<!doctype html><html><head><meta charset=utf-8><title>{} - dtx</title>\
-         <link rel=stylesheet href=\"/console.css\"><script src=\"/console.js\" defer></script>\
-         </head><body><header><b>dtx console</b>\
-         <a href=\"/\">Needs attention</a><a href=\"/transactions\">Transactions</a>\
-         <form class=inline id=logout method=post action=\"/logout\"><button type=submit>sign out\
-         </button></form></header>\
-         <main>{body}</main></body></html>",
-        escape(title)
-    )
+fn refresh() -> Markup {
+    html! { label { input type="checkbox" #auto checked; " refresh every 5 s" } }
 }
 
-fn status_badge(name: &str) -> String {
-    format!("<span class=\"status {0}\">{0}</span>", escape(name))
+/// A whole page around `body`.
+fn page(title: &str, body: Markup) -> String {
+    html! {
+        (DOCTYPE)
+        html {
+            head {
+                meta charset="utf-8";
+                title { (title) " - dtx" }
+                link rel="stylesheet" href="/console.css";
+                script src="/console.js" defer {}
+            }
+            body {
+                header {
+                    b { "dtx console" }
+                    a href="/" { "Needs attention" }
+                    a href="/transactions" { "Transactions" }
+                    form.inline #logout method="post" action="/logout" {
+                        button type="submit" { "sign out" }
+                    }
+                }
+                main { (body) }
+            }
+        }
+    }
+    .into_string()
+}
+
+fn status_badge(name: &str) -> Markup {
+    html! { span class={ "status " (name) } { (name) } }
 }
 
 fn tx_status(t: &wire::Transaction) -> String {
     short(t.status().as_str_name(), "TX_STATUS_")
 }
 
-fn tx_link(xid: &str) -> String {
-    format!(
-        "<a class=xid href=\"/tx/{}\">{}</a>",
-        encode(xid),
-        escape(xid)
-    )
+fn kind_name(kind: &str) -> String {
+    short(kind, "TX_KIND_").to_lowercase()
 }
 
 /// The listing table (inside `#live`), with a link to the next page.
-fn listing(page: &wire::ListTransactionsResponse, next_href: Option<String>) -> String {
-    let mut out = String::from(
-        "<div id=live><table id=transactions><tr><th>XID</th><th>KIND</th><th>STATUS</th>\
-         <th>CREATED (UTC)</th><th>UPDATED (UTC)</th><th>LAST ERROR</th></tr>",
-    );
-    for t in &page.transactions {
-        out.push_str(&format!(
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td class=when>{}</td><td class=when>{}</td>\
-             <td class=err>{}</td></tr>",
-            tx_link(&t.xid),
-            short(t.kind().as_str_name(), "TX_KIND_").to_lowercase(),
-            status_badge(&tx_status(t)),
-            utc(t.created_unix_ms),
-            utc(t.updated_unix_ms),
-            escape(&t.last_error)
-        ));
+fn listing(page: &wire::ListTransactionsResponse, next_href: Option<String>) -> Markup {
+    html! {
+        div #live {
+            table #transactions {
+                tr {
+                    th { "XID" } th { "KIND" } th { "STATUS" } th { "CREATED (UTC)" }
+                    th { "UPDATED (UTC)" } th { "LAST ERROR" }
+                }
+                @for t in &page.transactions {
+                    tr {
+                        td { a.xid href={ "/tx/" (encode(&t.xid)) } { (t.xid) } }
+                        td { (kind_name(t.kind().as_str_name())) }
+                        td { (status_badge(&tx_status(t))) }
+                        td.when { (utc(t.created_unix_ms)) }
+                        td.when { (utc(t.updated_unix_ms)) }
+                        td.err { (t.last_error) }
+                    }
+                }
+                @if page.transactions.is_empty() {
+                    tr { td colspan="6" .muted { "none" } }
+                }
+            }
+            @if let Some(href) = next_href {
+                a #next href=(href) { "next page" }
+            }
+        }
     }
-    if page.transactions.is_empty() {
-        out.push_str("<tr><td colspan=6 class=muted>none</td></tr>");
-    }
-    out.push_str("</table>");
-    if let Some(href) = next_href {
-        out.push_str(&format!(
-            "<a id=next href=\"{}\">next page</a>",
-            escape(&href)
-        ));
-    }
-    out.push_str("</div>");
-    out
 }
 
 /// The first page: what needs a person now, and the counts.
 pub fn queue(parked: &wire::ListTransactionsResponse, stats: &wire::StatsResponse) -> String {
-    let mut counts = String::new();
-    for c in &stats.counts {
-        counts.push_str(&format!(
-            "<tr><td>{}</td><td>{}</td><td>{}</td></tr>",
-            short(c.kind().as_str_name(), "TX_KIND_").to_lowercase(),
-            status_badge(&short(c.status().as_str_name(), "TX_STATUS_")),
-            c.count
-        ));
-    }
-    let body = format!(
-        "<h2>Needs attention ({})</h2><p class=muted>Transactions parked because a Confirm, \
-         Cancel or compensation was refused. Fix the participant, then open one and Resume it.</p>\
-         {REFRESH}{}<h3>All transactions</h3><p>oldest open transaction: {}</p>\
-         <table id=counts><tr><th>KIND</th><th>STATUS</th><th>COUNT</th></tr>{counts}</table>",
-        stats.needs_attention,
-        listing(parked, None),
-        if stats.oldest_open_age_ms > 0 {
-            format!("{} s old", stats.oldest_open_age_ms / 1000)
-        } else {
-            "none".into()
-        },
-    );
-    page("Needs attention", &body)
+    let oldest = if stats.oldest_open_age_ms > 0 {
+        format!("{} s old", stats.oldest_open_age_ms / 1000)
+    } else {
+        "none".into()
+    };
+    let body = html! {
+        h2 { "Needs attention (" (stats.needs_attention) ")" }
+        p.muted {
+            "Transactions parked because a Confirm, Cancel or compensation was refused. Fix the \
+             participant, then open one and Resume it."
+        }
+        (refresh())
+        (listing(parked, None))
+        h3 { "All transactions" }
+        p { "oldest open transaction: " (oldest) }
+        table #counts {
+            tr { th { "KIND" } th { "STATUS" } th { "COUNT" } }
+            @for c in &stats.counts {
+                tr {
+                    td { (kind_name(c.kind().as_str_name())) }
+                    td { (status_badge(&short(c.status().as_str_name(), "TX_STATUS_"))) }
+                    td { (c.count) }
+                }
+            }
+        }
+    };
+    page("Needs attention", body)
 }
 
 /// The filter form's current values, to render it and the next page's link.
@@ -183,33 +182,38 @@ impl Filters {
 
 /// The filtered, paginated list.
 pub fn transactions(filters: &Filters, listed: &wire::ListTransactionsResponse) -> String {
-    let option = |value: &str, current: &str, label: &str| {
-        let selected = if value == current { " selected" } else { "" };
-        format!("<option value=\"{value}\"{selected}>{label}</option>")
-    };
-    let mut statuses = option("", &filters.status, "any status");
-    for name in crate::domain::TxStatus::SPELLINGS {
-        statuses.push_str(&option(name, &filters.status, name));
-    }
+    let statuses = std::iter::once(("", "any status"))
+        .chain(crate::domain::TxStatus::SPELLINGS.iter().map(|s| (*s, *s)));
     let kinds = [
         ("", "any kind"),
         ("tcc", "tcc"),
         ("saga", "saga"),
         ("message", "message"),
-    ]
-    .iter()
-    .map(|(v, l)| option(v, &filters.kind, l))
-    .collect::<String>();
+    ];
     let next = (!listed.next_page_token.is_empty()).then(|| filters.href(&listed.next_page_token));
-    let body = format!(
-        "<h2>Transactions</h2><form id=filters method=get action=\"/transactions\">\
-         <select name=status>{statuses}</select> <select name=kind>{kinds}</select> \
-         <input type=text name=prefix placeholder=\"xid prefix\" value=\"{}\"> \
-         <button type=submit>Filter</button></form>{REFRESH}{}",
-        escape(&filters.prefix),
-        listing(listed, next)
-    );
-    page("Transactions", &body)
+    let body = html! {
+        h2 { "Transactions" }
+        form #filters method="get" action="/transactions" {
+            select name="status" {
+                @for (value, label) in statuses {
+                    option value=(value) selected[value == filters.status] { (label) }
+                }
+            }
+            " "
+            select name="kind" {
+                @for (value, label) in kinds {
+                    option value=(value) selected[value == filters.kind] { (label) }
+                }
+            }
+            " "
+            input type="text" name="prefix" placeholder="xid prefix" value=(filters.prefix);
+            " "
+            button type="submit" { "Filter" }
+        }
+        (refresh())
+        (listing(listed, next))
+    };
+    page("Transactions", body)
 }
 
 /// The actions an operator may take from a transaction's page, with what each does.
@@ -227,107 +231,85 @@ pub const ACTIONS: [(&str, &str, &str); 3] = [
     ("retry", "Retry now", "retry at once what waits in backoff"),
 ];
 
+/// One history entry of the timeline.
+fn history_entry(e: &wire::HistoryEvent) -> Markup {
+    let kind = short(e.kind().as_str_name(), "HISTORY_KIND_");
+    html! {
+        li class=(kind) {
+            span.when { (utc(e.at_unix_ms)) } " " b { (kind) }
+            @if !e.branch_id.is_empty() { " branch " (e.branch_id) }
+            @if e.attempt > 0 { " attempt " (e.attempt) }
+            @if !e.status.is_empty() { " \u{2192} " (status_badge(&e.status)) }
+            " "
+            span.muted {
+                "by " @if e.actor.is_empty() { "the initiator" } @else { (e.actor) }
+            }
+            @if !e.detail.is_empty() { ": " span.detail { (e.detail) } }
+        }
+    }
+}
+
 /// A transaction: its state, branches, history as a timeline, and the action forms.
 pub fn transaction(d: &wire::TransactionDetail, banner: Option<(&str, &str)>) -> String {
     let t = d.transaction.clone().unwrap_or_default();
-    let mut out = String::new();
-    if let Some((class, text)) = banner {
-        out.push_str(&format!(
-            "<div class=\"banner {class}\" id=banner>{}</div>",
-            escape(text)
-        ));
-    }
-    out.push_str(REFRESH);
-    out.push_str(&format!(
-        "<div id=live><h2><span id=xid>{}</span> {}</h2><p>{} &middot; decision: {} &middot; \
-         created <span class=when>{}</span> &middot; updated <span class=when>{}</span>{}{}</p>",
-        escape(&t.xid),
-        status_badge(&tx_status(&t)),
-        short(t.kind().as_str_name(), "TX_KIND_").to_lowercase(),
-        if t.decision.is_empty() {
-            "none".to_string()
-        } else {
-            escape(&t.decision)
-        },
-        utc(t.created_unix_ms),
-        utc(t.updated_unix_ms),
-        if d.owner.is_empty() {
-            String::new()
-        } else {
-            format!(" &middot; driven by {}", escape(&d.owner))
-        },
-        if d.due_unix_ms > 0 {
-            format!(" &middot; recovery looks again at {}", utc(d.due_unix_ms))
-        } else {
-            String::new()
-        },
-    ));
-    if !t.last_error.is_empty() {
-        out.push_str(&format!(
-            "<p class=err id=last-error>last error: {}</p>",
-            escape(&t.last_error)
-        ));
-    }
-    out.push_str(
-        "<h3>Branches</h3><table id=branches><tr><th>BRANCH</th><th>STATUS</th><th>ATTEMPTS</th>\
-         <th>HANDLER</th><th>TARGET</th><th>LAST ERROR</th></tr>",
-    );
-    for b in &t.branches {
-        out.push_str(&format!(
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td class=err>{}</td></tr>",
-            escape(&b.branch_id),
-            status_badge(&short(b.status().as_str_name(), "BRANCH_STATUS_")),
-            b.attempts,
-            escape(&b.handler),
-            escape(&b.target),
-            escape(&b.last_error)
-        ));
-    }
-    out.push_str("</table><h3>History</h3><ol class=timeline id=history>");
-    for e in &d.history {
-        let kind = short(e.kind().as_str_name(), "HISTORY_KIND_");
-        let mut line = format!(
-            "<span class=when>{}</span> <b>{}</b>",
-            utc(e.at_unix_ms),
-            escape(&kind)
-        );
-        if !e.branch_id.is_empty() {
-            line.push_str(&format!(" branch {}", escape(&e.branch_id)));
+    let decision = if t.decision.is_empty() {
+        "none"
+    } else {
+        t.decision.as_str()
+    };
+    let body = html! {
+        @if let Some((class, text)) = banner {
+            div class={ "banner " (class) } #banner { (text) }
         }
-        if e.attempt > 0 {
-            line.push_str(&format!(" attempt {}", e.attempt));
-        }
-        if !e.status.is_empty() {
-            line.push_str(&format!(" &rarr; {}", status_badge(&e.status)));
-        }
-        line.push_str(&format!(
-            " <span class=muted>by {}</span>",
-            if e.actor.is_empty() {
-                "the initiator".to_string()
-            } else {
-                escape(&e.actor)
+        (refresh())
+        div #live {
+            h2 { span #xid { (t.xid) } " " (status_badge(&tx_status(&t))) }
+            p {
+                (kind_name(t.kind().as_str_name())) " \u{b7} decision: " (decision)
+                " \u{b7} created " span.when { (utc(t.created_unix_ms)) }
+                " \u{b7} updated " span.when { (utc(t.updated_unix_ms)) }
+                @if !d.owner.is_empty() { " \u{b7} driven by " (d.owner) }
+                @if d.due_unix_ms > 0 {
+                    " \u{b7} recovery looks again at " (utc(d.due_unix_ms))
+                }
             }
-        ));
-        if !e.detail.is_empty() {
-            line.push_str(&format!(
-                ": <span class=detail>{}</span>",
-                escape(&e.detail)
-            ));
+            @if !t.last_error.is_empty() {
+                p.err #last-error { "last error: " (t.last_error) }
+            }
+            h3 { "Branches" }
+            table #branches {
+                tr {
+                    th { "BRANCH" } th { "STATUS" } th { "ATTEMPTS" } th { "HANDLER" }
+                    th { "TARGET" } th { "LAST ERROR" }
+                }
+                @for b in &t.branches {
+                    tr {
+                        td { (b.branch_id) }
+                        td { (status_badge(&short(b.status().as_str_name(), "BRANCH_STATUS_"))) }
+                        td { (b.attempts) }
+                        td { (b.handler) }
+                        td { (b.target) }
+                        td.err { (b.last_error) }
+                    }
+                }
+            }
+            h3 { "History" }
+            ol.timeline #history {
+                @for e in &d.history { (history_entry(e)) }
+            }
         }
-        out.push_str(&format!("<li class=\"{}\">{line}</li>", escape(&kind)));
-    }
-    out.push_str("</ol></div><h3>Actions</h3>");
-    for (action, label, what) in ACTIONS {
-        out.push_str(&format!(
-            "<form class=inline id=\"{action}\" method=post action=\"/tx/{}/{action}\">\
-             <b>{label}</b> <span class=muted>{what}</span><br>\
-             <input type=text name=reason required maxlength=512 placeholder=\"reason (required)\">\
-             <input type=text name=operator maxlength=128 placeholder=\"your name\">\
-             <button type=submit>{label}&hellip;</button></form>",
-            encode(&t.xid)
-        ));
-    }
-    page(&t.xid, &out)
+        h3 { "Actions" }
+        @for (action, label, what) in ACTIONS {
+            form.inline id=(action) method="post" action={ "/tx/" (encode(&t.xid)) "/" (action) } {
+                b { (label) } " " span.muted { (what) } br;
+                input type="text" name="reason" required maxlength="512"
+                    placeholder="reason (required)";
+                input type="text" name="operator" maxlength="128" placeholder="your name";
+                button type="submit" { (label) "\u{2026}" }
+            }
+        }
+    };
+    page(&t.xid, body)
 }
 
 /// The confirmation step of an action: what will happen, and a button that does it.
@@ -337,49 +319,44 @@ pub fn confirm(xid: &str, action: &str, reason: &str, operator: &str) -> String 
         .find(|(a, _, _)| *a == action)
         .copied()
         .unwrap_or((action, action, ""));
-    let body = format!(
-        "<h2>{label} {}?</h2><p>{what}.</p><p>Reason: <q id=reason>{}</q> &middot; by {}</p>\
-         <form id=confirm method=post action=\"/tx/{}/{action}\">\
-         <input type=hidden name=reason value=\"{}\"><input type=hidden name=operator value=\"{}\">\
-         <input type=hidden name=confirmed value=yes>\
-         <button type=submit id=do>Yes, {label}</button> <a href=\"/tx/{}\">cancel</a></form>",
-        escape(xid),
-        escape(reason),
-        escape(operator),
-        encode(xid),
-        escape(reason),
-        escape(operator),
-        encode(xid),
-    );
-    page(&format!("{label} {xid}"), &body)
+    let body = html! {
+        h2 { (label) " " (xid) "?" }
+        p { (what) "." }
+        p { "Reason: " q #reason { (reason) } " \u{b7} by " (operator) }
+        form #confirm method="post" action={ "/tx/" (encode(xid)) "/" (action) } {
+            input type="hidden" name="reason" value=(reason);
+            input type="hidden" name="operator" value=(operator);
+            input type="hidden" name="confirmed" value="yes";
+            button type="submit" #do { "Yes, " (label) }
+            " "
+            a href={ "/tx/" (encode(xid)) } { "cancel" }
+        }
+    };
+    page(&format!("{label} {xid}"), body)
 }
 
 /// The sign-in page (auth on): a token, and why the last one was refused.
 pub fn login(refused: Option<&str>) -> String {
-    let banner = refused.map_or(String::new(), |m| {
-        format!("<div class=\"banner error\" id=banner>{}</div>", escape(m))
-    });
-    page(
-        "sign in",
-        &format!(
-            "<h2>Sign in</h2>{banner}<p>Paste a token with the reader or operator role. The \
-             console keeps it on the server; your browser holds only a session cookie.</p>\
-             <form id=login method=post action=\"/login\"><input type=password name=token \
-             required autocomplete=off placeholder=token size=60> \
-             <button type=submit>Sign in</button></form>"
-        ),
-    )
+    let body = html! {
+        h2 { "Sign in" }
+        @if let Some(message) = refused { div.banner.error #banner { (message) } }
+        p {
+            "Paste a token with the reader or operator role. The console keeps it on the \
+             server; your browser holds only a session cookie."
+        }
+        form #login method="post" action="/login" {
+            input type="password" name="token" required autocomplete="off" placeholder="token"
+                size="60";
+            " "
+            button type="submit" { "Sign in" }
+        }
+    };
+    page("sign in", body)
 }
 
 /// An error page (unknown xid, refused filter).
 pub fn error(message: &str) -> String {
-    page(
-        "error",
-        &format!(
-            "<div class=\"banner error\" id=banner>{}</div>",
-            escape(message)
-        ),
-    )
+    page("error", html! { div.banner.error #banner { (message) } })
 }
 
 #[cfg(test)]
@@ -390,7 +367,7 @@ mod tests {
     fn user_text_is_shown_as_text() {
         let d = wire::TransactionDetail {
             transaction: Some(wire::Transaction {
-                xid: "x".into(),
+                xid: "x\"><svg onload=alert(1)>".into(),
                 last_error: "<script>alert(1)</script>".into(),
                 branches: vec![wire::Branch {
                     branch_id: "b".into(),
@@ -409,10 +386,15 @@ mod tests {
         let html = transaction(&d, Some(("error", "<x>")));
         assert!(!html.contains("<script>alert"));
         assert!(!html.contains("<img"));
+        assert!(!html.contains("<svg"));
         assert!(!html.contains("<b>bold"));
         assert!(!html.contains("<i>"));
         assert!(html.contains("&lt;script&gt;alert(1)&lt;/script&gt;"));
-        assert!(html.contains("it&#39;s &lt;b&gt;bold&lt;/b&gt; &amp; more"));
-        assert_eq!(encode("a b/<"), "a%20b%2F%3C");
+        assert!(html.contains("it's &lt;b&gt;bold&lt;/b&gt; &amp; more"));
+        // The xid in a form's action is a percent-encoded path segment.
+        assert!(html.contains("action=\"/tx/x%22%3E%3Csvg%20onload%3Dalert%281%29%3E/resume\""));
+        assert_eq!(encode("a b/<~"), "a%20b%2F%3C~");
+        let confirmed = confirm("x", "resume", "\"><script>", "o'neil");
+        assert!(!confirmed.contains("<script>"), "{confirmed}");
     }
 }

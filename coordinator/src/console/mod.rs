@@ -31,8 +31,6 @@ use crate::auth::{Auth, CONSOLE_ACT, CONSOLE_READ, Caller};
 use crate::engine::Engine;
 use session::Sessions;
 
-pub use html::escape;
-
 /// The Content-Security-Policy of every answer: only the console's own script and style, no
 /// frames, forms that post only back here.
 pub const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; \
