@@ -122,8 +122,8 @@ struct ListArgs {
     #[arg(long = "status", value_parser = parse_status)]
     statuses: Vec<wire::TxStatus>,
     /// Only `tcc`, `saga` or `message` transactions.
-    #[arg(long, value_parser = ["tcc", "saga", "message"])]
-    kind: Option<String>,
+    #[arg(long, value_parser = parse_kind)]
+    kind: Option<wire::TxKind>,
     /// Only xids starting with this.
     #[arg(long)]
     prefix: Option<String>,
@@ -149,6 +149,12 @@ struct ActionArgs {
     /// Who (kept in the history); defaults to `$DTX_OPERATOR`, then `$USER`.
     #[arg(long, env = "DTX_OPERATOR")]
     operator: Option<String>,
+}
+
+fn parse_kind(text: &str) -> Result<wire::TxKind, String> {
+    wire::TxKind::from_str_name(&format!("TX_KIND_{}", text.to_ascii_uppercase()))
+        .filter(|k| *k != wire::TxKind::Unspecified)
+        .ok_or_else(|| format!("{text:?} is not a kind: tcc, saga or message"))
 }
 
 fn parse_status(text: &str) -> Result<wire::TxStatus, String> {
@@ -342,12 +348,7 @@ async fn run(cli: Cli) -> Result<String, Failure> {
         Command::Tx(Tx::List(args)) => {
             let request = wire::ListTransactionsRequest {
                 statuses: args.statuses.iter().map(|s| *s as i32).collect(),
-                kind: match args.kind.as_deref() {
-                    Some("tcc") => wire::TxKind::Tcc as i32,
-                    Some("saga") => wire::TxKind::Saga as i32,
-                    Some("message") => wire::TxKind::Message as i32,
-                    _ => wire::TxKind::Unspecified as i32,
-                },
+                kind: args.kind.unwrap_or(wire::TxKind::Unspecified) as i32,
                 xid_prefix: args.prefix.unwrap_or_default(),
                 needs_attention: args.needs_attention,
                 older_than_ms: args.older_than.map_or(0, |d| d.as_millis() as u64),

@@ -76,6 +76,10 @@ async fn an_operator_finds_fixes_and_checks_a_parked_transaction<DB: TestBackend
     assert_eq!(page["next_page_token"], "");
     let none = json(&url, &["tx", "list", "--older-than", "1d"]).await;
     assert_eq!(none["transactions"].as_array().unwrap().len(), 0);
+    let tcc = json(&url, &["tx", "list", "--kind", "tcc"]).await;
+    assert_eq!(tcc["transactions"][0]["xid"], "order-42");
+    let sagas = json(&url, &["tx", "list", "--kind", "saga"]).await;
+    assert_eq!(sagas["transactions"].as_array().unwrap().len(), 0);
 
     // See why.
     let shown = ok(&url, &["tx", "show", "order-42"]).await;
@@ -99,6 +103,9 @@ async fn an_operator_finds_fixes_and_checks_a_parked_transaction<DB: TestBackend
     assert_eq!(code, 2, "--reason is required");
     let (code, _, err) = dtx(&url, &["tx", "list", "--older-than", "10x"]).await;
     assert_eq!(code, 2, "{err}");
+    let (code, _, err) = dtx(&url, &["tx", "list", "--kind", "xa"]).await;
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("tcc, saga or message"), "{err}");
     let (code, _, err) = dtx(&url, &["tx", "show", "order-43"]).await;
     assert_eq!(code, 3, "{err}");
     let (code, _, err) = dtx("http://127.0.0.1:1", &["stats"]).await;
