@@ -143,6 +143,10 @@ def _channel(target, tls):
     return grpc.insecure_channel(address)
 
 
+# Waits between repeats of a coordinator RPC answered UNAVAILABLE (the Rust SDK's too).
+_UNAVAILABLE_WAITS_S = (0.05, 0.1, 0.2, 0.4)
+
+
 class Coordinator:
     """A client of the coordinator's gRPC API; ``tls`` (a :class:`ClientTls`) for an
     ``https://`` coordinator, also used for the direct Trys to ``https://`` participants."""
@@ -161,13 +165,20 @@ class Coordinator:
             channel.close()
 
     def _rpc(self, method, request, traceparent=None, timeout_s=30.0):
+        """Calls a coordinator RPC. Every one is safe to repeat, so an UNAVAILABLE answer (the
+        store down for a moment, an instance shutting down) is repeated after 50, 100, 200 and
+        400 ms, as the Rust SDK does, before it is raised."""
         metadata = list(self._auth)
         if traceparent:
             metadata.append((TRACEPARENT, traceparent))
-        try:
-            return getattr(self.stub, method)(request, timeout=timeout_s, metadata=metadata)
-        except grpc.RpcError as e:
-            raise CoordinatorError(e.code(), e.details(), reasons.reason_of(e)) from None
+        for wait_s in _UNAVAILABLE_WAITS_S + (None,):
+            try:
+                return getattr(self.stub, method)(request, timeout=timeout_s, metadata=metadata)
+            except grpc.RpcError as e:
+                if e.code() == grpc.StatusCode.UNAVAILABLE and wait_s is not None:
+                    time.sleep(wait_s)
+                    continue
+                raise CoordinatorError(e.code(), e.details(), reasons.reason_of(e)) from None
 
     def participant(self, target):
         if target not in self._participants:

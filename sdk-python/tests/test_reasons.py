@@ -27,6 +27,9 @@ class _Failed(grpc.RpcError):
     def trailing_metadata(self):
         return self._trailers
 
+    def details(self):
+        return "why"
+
 
 def test_the_detail_names_the_reason_and_a_bare_code_implies_one():
     details = ("grpc-status-details-bin", _status_with("ROLE_DENIED"))
@@ -45,3 +48,44 @@ def test_a_problem_body_names_its_reason_by_type():
     assert reason_of({"type": "about:blank", "code": "ABORTED"}) == "ALREADY_DECIDED"
     assert reason_of({"type": "urn:dtx:reason:NO_SUCH", "code": "NOT_FOUND"}) == "UNKNOWN_TRANSACTION"
     assert reason_of(ValueError("local")) is None
+
+
+class _Flaky:
+    """A stub whose Get answers UNAVAILABLE `failures` times, then OK."""
+
+    def __init__(self, failures, code=grpc.StatusCode.UNAVAILABLE):
+        self.failures, self.code, self.calls = failures, code, 0
+
+    def Get(self, request, timeout, metadata):
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise _Failed(self.code, [])
+        return "answer"
+
+
+def _client_with(stub):
+    import dtx
+    client = dtx.Coordinator("127.0.0.1:1")
+    client.stub = stub
+    return client
+
+
+def test_unavailable_is_repeated_and_other_codes_are_not():
+    import dtx
+    flaky = _Flaky(3)
+    assert _client_with(flaky).get("x") == "answer"
+    assert flaky.calls == 4
+    down = _Flaky(10)
+    try:
+        _client_with(down).get("x")
+        raise AssertionError("no error")
+    except dtx.CoordinatorError as e:
+        assert e.reason == "UNAVAILABLE"
+    assert down.calls == 5
+    refused = _Flaky(10, grpc.StatusCode.NOT_FOUND)
+    try:
+        _client_with(refused).get("x")
+        raise AssertionError("no error")
+    except dtx.CoordinatorError as e:
+        assert e.reason == "UNKNOWN_TRANSACTION"
+    assert refused.calls == 1
