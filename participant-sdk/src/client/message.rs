@@ -39,7 +39,7 @@ use crate::barrier::{self, Prepared};
 /// One delivery of a message: a participant's handler, called with `BRANCH_ACTION_ACTION`
 /// until it answers SUCCESS.
 #[derive(Debug, Clone)]
-pub struct MessageBranch(wire::MessageBranch);
+pub struct MessageBranch(pub(super) wire::MessageBranch);
 
 impl MessageBranch {
     /// A branch named `name` (unique in the message; also its barrier branch id) calling
@@ -60,30 +60,6 @@ impl MessageBranch {
     /// The body the branch is delivered with.
     pub fn payload(mut self, payload: Vec<u8>) -> Self {
         self.0.payload = payload;
-        self
-    }
-
-    /// Delivered only after these branches were. Branches without any are delivered at once.
-    pub fn after<I, S>(mut self, branches: I) -> Self
-    where
-        I: IntoIterator<Item = S>,
-        S: Into<String>,
-    {
-        self.0
-            .depends_on
-            .extend(branches.into_iter().map(Into::into));
-        self
-    }
-
-    /// Backoff and call timeout of this branch's deliveries (its attempts are unlimited).
-    pub fn retry(mut self, policy: RetryPolicy) -> Self {
-        self.0.retry = Some(policy.into());
-        self
-    }
-
-    /// A header sent with every delivery of this branch.
-    pub fn header(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
-        self.0.headers.insert(key.into(), value.into());
         self
     }
 }

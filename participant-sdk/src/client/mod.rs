@@ -549,30 +549,52 @@ impl SagaStep {
         self.0.compensate_payload = payload;
         self
     }
-
-    /// Runs only after these steps succeeded. Without any `after` in the saga, steps run in
-    /// the order they were added.
-    pub fn after<I, S>(mut self, steps: I) -> Self
-    where
-        I: IntoIterator<Item = S>,
-        S: Into<String>,
-    {
-        self.0.depends_on.extend(steps.into_iter().map(Into::into));
-        self
-    }
-
-    /// Attempts, backoff and call timeout of this step's calls.
-    pub fn retry(mut self, policy: RetryPolicy) -> Self {
-        self.0.retry = Some(policy.into());
-        self
-    }
-
-    /// A header sent with each of the step's calls.
-    pub fn header(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
-        self.0.headers.insert(key.into(), value.into());
-        self
-    }
 }
+
+/// The builder methods a saga step and a message branch share (each wraps a wire message with
+/// `depends_on`, `retry` and `headers`), written once; the docs say what differs.
+macro_rules! dependent_call_builder {
+    ($builder:ty, after = $after:literal, retry = $retry:literal, header = $header:literal) => {
+        impl $builder {
+            #[doc = $after]
+            pub fn after<I, S>(mut self, names: I) -> Self
+            where
+                I: IntoIterator<Item = S>,
+                S: Into<String>,
+            {
+                self.0.depends_on.extend(names.into_iter().map(Into::into));
+                self
+            }
+
+            #[doc = $retry]
+            pub fn retry(mut self, policy: RetryPolicy) -> Self {
+                self.0.retry = Some(policy.into());
+                self
+            }
+
+            #[doc = $header]
+            pub fn header(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+                self.0.headers.insert(key.into(), value.into());
+                self
+            }
+        }
+    };
+}
+
+dependent_call_builder!(
+    SagaStep,
+    after = "Runs only after these steps succeeded. Without any `after` in the saga, steps run \
+             in the order they were added.",
+    retry = "Attempts, backoff and call timeout of this step's calls.",
+    header = "A header sent with each of the step's calls."
+);
+dependent_call_builder!(
+    MessageBranch,
+    after = "Delivered only after these branches were. Branches without any are delivered at \
+             once.",
+    retry = "Backoff and call timeout of this branch's deliveries (its attempts are unlimited).",
+    header = "A header sent with every delivery of this branch."
+);
 
 /// How the coordinator retries calls whose outcome is unknown.
 #[derive(Debug, Clone, Copy, Default)]
