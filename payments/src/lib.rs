@@ -154,31 +154,29 @@ impl<DB: Backend> Clone for Callbacks<DB> {
 
 type Parser = dyn Fn(&[u8]) -> Result<Notification, String> + Send + Sync;
 
-struct Inner<DB: Backend> {
+/// What the builder gathers and the handler keeps, as given.
+struct Settings<DB: Backend> {
     pool: Pool<DB>,
-    records: Idempotency<DB>,
     provider: String,
     merchant: String,
     verifier: Box<dyn Verifier>,
     parse: Box<Parser>,
     effects: HashMap<String, Effect>,
     orders: Entity,
+    ack: Arc<(StatusCode, Bytes)>,
+}
+
+struct Inner<DB: Backend> {
+    settings: Settings<DB>,
+    records: Idempotency<DB>,
     /// `SELECT <amount>, <currency> FROM <orders> WHERE <id> = ?`
     expected: String,
-    ack: Arc<(StatusCode, Bytes)>,
 }
 
 /// Configures [`Callbacks`]; see [`Callbacks::builder`].
 pub struct CallbacksBuilder<DB: Backend> {
-    pool: Pool<DB>,
-    provider: String,
-    merchant: String,
-    verifier: Box<dyn Verifier>,
-    parse: Box<Parser>,
-    effects: HashMap<String, Effect>,
-    orders: Entity,
+    settings: Settings<DB>,
     columns: (String, String),
-    ack: (StatusCode, Bytes),
 }
 
 impl<DB: Backend> Callbacks<DB> {
@@ -197,15 +195,17 @@ impl<DB: Backend> Callbacks<DB> {
         orders: Entity,
     ) -> CallbacksBuilder<DB> {
         CallbacksBuilder {
-            pool,
-            provider: provider.into(),
-            merchant: merchant.into(),
-            verifier: Box::new(verifier),
-            parse: Box::new(Notification::from_json),
-            effects: HashMap::new(),
-            orders,
+            settings: Settings {
+                pool,
+                provider: provider.into(),
+                merchant: merchant.into(),
+                verifier: Box::new(verifier),
+                parse: Box::new(Notification::from_json),
+                effects: HashMap::new(),
+                orders,
+                ack: Arc::new((StatusCode::OK, Bytes::from_static(b"success"))),
+            },
             columns: ("amount".into(), "currency".into()),
-            ack: (StatusCode::OK, Bytes::from_static(b"success")),
         }
     }
 
@@ -228,40 +228,44 @@ impl<DB: Backend> Callbacks<DB> {
         let handled = self.handle(headers, body).await;
         ::metrics::counter!(
             metrics::CALLBACKS,
-            "provider" => self.inner.provider.clone(),
+            "provider" => self.inner.settings.provider.clone(),
             "outcome" => handled.outcome()
         )
         .increment(1);
         Answered {
             handled,
-            ack: self.inner.ack.clone(),
+            ack: self.inner.settings.ack.clone(),
         }
     }
 
     /// Handles one callback: see the crate's documentation for the order of the steps.
     pub async fn handle(&self, headers: &HeaderMap, body: &[u8]) -> Handled {
         let inner = &self.inner;
-        let provider = inner.provider.as_str();
-        if let Err(e) = inner.verifier.verify(headers, body, dtx_sql::now_ms()) {
+        let provider = inner.settings.provider.as_str();
+        if let Err(e) = inner
+            .settings
+            .verifier
+            .verify(headers, body, dtx_sql::now_ms())
+        {
             // Neither the body nor the header is logged: an attacker's text stays out of logs.
             tracing::warn!(provider, error = %e, "payment callback refused: signature");
             return Handled::BadSignature(e);
         }
-        let n = match (inner.parse)(body).and_then(|n| n.check().map(|()| n)) {
+        let n = match (inner.settings.parse)(body).and_then(|n| n.check().map(|()| n)) {
             Ok(n) => n,
             Err(e) => {
                 tracing::warn!(provider, error = %e, "payment callback refused: malformed");
                 return Handled::Malformed(e);
             }
         };
-        let Some(effect) = inner.effects.get(&n.event_type).cloned() else {
+        let Some(effect) = inner.settings.effects.get(&n.event_type).cloned() else {
             tracing::info!(provider, event_type = %n.event_type, "payment callback ignored");
             return Handled::Ignored;
         };
-        if n.merchant != inner.merchant {
+        if n.merchant != inner.settings.merchant {
             let reason = format!(
                 "merchant {} is not this shop's {}",
-                n.merchant, inner.merchant
+                n.merchant, inner.settings.merchant
             );
             return self.park(&n, body, &reason).await;
         }
@@ -314,7 +318,7 @@ impl<DB: Backend> Callbacks<DB> {
     async fn park(&self, n: &Notification, body: &[u8], reason: &str) -> Handled {
         let inner = &self.inner;
         tracing::error!(
-            provider = %inner.provider,
+            provider = %inner.settings.provider,
             merchant = %n.merchant,
             trade_no = %n.trade_no,
             order_no = %n.order_no,
@@ -323,10 +327,10 @@ impl<DB: Backend> Callbacks<DB> {
         );
         let body_hash = hex::encode(Sha256::digest(body));
         let parked = async {
-            let mut tx = DB::begin(&inner.pool).await?;
+            let mut tx = DB::begin(&inner.settings.pool).await?;
             sql::park(
                 DB::conn(&mut tx),
-                &inner.provider,
+                &inner.settings.provider,
                 &n.merchant,
                 &n.trade_no,
                 &n.order_no,
@@ -398,7 +402,7 @@ impl<DB: Backend> Inner<DB> {
             )));
         }
         let now = dtx_sql::now_ms();
-        if let Some(before) = sql::record(conn, &self.provider, n, now).await? {
+        if let Some(before) = sql::record(conn, &self.settings.provider, n, now).await? {
             // The record of the first callback was purged, the payment row was not.
             if before != (n.order_no.clone(), n.amount, n.currency.clone()) {
                 return Err(refuse(format!(
@@ -409,6 +413,7 @@ impl<DB: Backend> Inner<DB> {
         }
         let id = n.order_no.as_str().into();
         let code = match self
+            .settings
             .orders
             .apply(conn, &id, &effect.state, Some(&n.trade_no))
             .await?
@@ -419,7 +424,7 @@ impl<DB: Backend> Inner<DB> {
                     "trade_no": n.trade_no,
                     "amount": n.amount,
                     "currency": n.currency,
-                    "provider": self.provider,
+                    "provider": self.settings.provider,
                 });
                 let headers = [("event_type".to_string(), n.event_type.clone())].into();
                 let payload = serde_json::to_vec(&payload)?;
@@ -452,7 +457,7 @@ impl<DB: Backend> CallbacksBuilder<DB> {
             state: state.into(),
             topic: topic.into(),
         };
-        self.effects.insert(event_type.into(), effect);
+        self.settings.effects.insert(event_type.into(), effect);
         self
     }
 
@@ -467,38 +472,39 @@ impl<DB: Backend> CallbacksBuilder<DB> {
         mut self,
         parse: impl Fn(&[u8]) -> Result<Notification, String> + Send + Sync + 'static,
     ) -> Self {
-        self.parse = Box::new(parse);
+        self.settings.parse = Box::new(parse);
         self
     }
 
     /// What the provider expects as "received" (`200 success` by default).
     pub fn acknowledgement(mut self, status: StatusCode, body: impl Into<Bytes>) -> Self {
-        self.ack = (status, body.into());
+        self.settings.ack = Arc::new((status, body.into()));
         self
     }
 
     /// The handler, or why this configuration cannot work (an unknown state, a bad column).
     pub fn build(self) -> Result<Callbacks<DB>, Error> {
+        let CallbacksBuilder { settings, columns } = self;
         let name_ok = |s: &str| {
             !s.is_empty()
                 && s.len() <= MAX_ID
                 && s.bytes()
                     .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
         };
-        if !name_ok(&self.provider) || !name_ok(&self.merchant) {
+        if !name_ok(&settings.provider) || !name_ok(&settings.merchant) {
             return Err(Error::Config(format!(
                 "provider {:?} and merchant {:?}: 1..={MAX_ID} of [A-Za-z0-9._-]",
-                self.provider, self.merchant
+                settings.provider, settings.merchant
             )));
         }
-        if self.effects.is_empty() {
+        if settings.effects.is_empty() {
             return Err(Error::Config("no event type is handled (`event`)".into()));
         }
-        for effect in self.effects.values() {
-            if !self.orders.machine().knows(&effect.state) {
+        for effect in settings.effects.values() {
+            if !settings.orders.machine().knows(&effect.state) {
                 return Err(Error::Config(format!(
                     "{} has no state {}",
-                    self.orders.machine().name(),
+                    settings.orders.machine().name(),
                     effect.state
                 )));
             }
@@ -506,8 +512,8 @@ impl<DB: Backend> CallbacksBuilder<DB> {
                 return Err(Error::Config(format!("topic {:?}", effect.topic)));
             }
         }
-        let (amount, currency) = &self.columns;
-        let (table, id) = self.orders.table();
+        let (amount, currency) = &columns;
+        let (table, id) = settings.orders.table();
         for name in [amount, currency] {
             if !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') || name.is_empty() {
                 return Err(Error::Config(format!("column {name:?}")));
@@ -516,16 +522,9 @@ impl<DB: Backend> CallbacksBuilder<DB> {
         let expected = format!("SELECT {amount}, {currency} FROM {table} WHERE {id} = ?");
         Ok(Callbacks {
             inner: Arc::new(Inner {
-                records: Idempotency::new(self.pool.clone()),
-                pool: self.pool,
-                provider: self.provider,
-                merchant: self.merchant,
-                verifier: self.verifier,
-                parse: self.parse,
-                effects: self.effects,
-                orders: self.orders,
+                records: Idempotency::new(settings.pool.clone()),
+                settings,
                 expected,
-                ack: Arc::new(self.ack),
             }),
         })
     }
