@@ -18,6 +18,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use dtx_proto::backoff::Backoff;
 use http_body::{Body, Frame, SizeHint};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
@@ -223,7 +224,9 @@ pub async fn serve(
     let builder = Arc::new(builder(protocol, limits));
     let open = Arc::new(Semaphore::new(limits.max_connections));
     let (draining, drain) = watch::channel(Phase::Serving);
-    let mut pause = Duration::from_millis(10);
+    // A persistent accept error (out of file descriptors) must not spin a core.
+    const ACCEPT_PAUSE: Backoff = Backoff::new(Duration::from_millis(10), Duration::from_secs(1));
+    let mut failures = 0;
     loop {
         let accepted = tokio::select! {
             _ = until(&mut stop, |stopping| *stopping) => break,
@@ -231,15 +234,14 @@ pub async fn serve(
         };
         let stream = match accepted {
             Ok((stream, _)) => {
-                pause = Duration::from_millis(10);
+                failures = 0;
                 stream
             }
-            // A persistent error (out of file descriptors) must not spin a core: back off,
-            // capped at a second, and say why.
+            // Back off, capped at a second, and say why.
             Err(e) => {
                 events.refused(Refusal::AcceptFailed, &format_args!("cannot accept: {e}"));
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_secs(1));
+                tokio::time::sleep(ACCEPT_PAUSE.delay(failures, 0.0)).await;
+                failures += 1;
                 continue;
             }
         };

@@ -1,6 +1,7 @@
 //! Capped exponential backoff: the one formula behind every wait between attempts in dtx (the
-//! coordinator's branch calls and alert deliveries, the SDK's Try and coordinator retries, the
-//! participant server's and the idempotency records' lock-conflict reruns and waits).
+//! coordinator's branch calls and alert deliveries, its listeners' pause after a failed accept
+//! and Wait's polling of the store, the SDK's Try and coordinator retries, the participant
+//! server's and the idempotency records' lock-conflict reruns and waits).
 
 use std::time::Duration;
 

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use dtx_proto::backoff::Backoff;
 use dtx_proto::limits;
 
 use super::Engine;
@@ -29,7 +30,8 @@ impl Engine {
     pub async fn wait(&self, xid: &str, timeout: Duration) -> Result<TxRecord> {
         limits::check_scoped_xid(xid)?;
         let until = tokio::time::Instant::now() + timeout;
-        let mut poll = Duration::from_millis(20);
+        const POLL: Backoff = Backoff::new(Duration::from_millis(20), Duration::from_millis(500));
+        let mut polls = 0;
         loop {
             // Driven here: wait for the driver's view, no store reads.
             if let Some(active) = self.active(xid) {
@@ -48,8 +50,9 @@ impl Engine {
                 return Ok(record);
             }
             if self.active(xid).is_none() {
+                let poll = POLL.delay(polls, 0.0);
                 tokio::time::sleep_until(until.min(tokio::time::Instant::now() + poll)).await;
-                poll = (poll * 2).min(Duration::from_millis(500));
+                polls += 1;
             }
         }
     }
