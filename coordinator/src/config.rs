@@ -277,120 +277,58 @@ pub struct Config {
 /// Shutdown grace when none is configured.
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
-/// The duration flags' earlier spellings, bare numbers of milliseconds (or hours): still
-/// accepted, hidden from `--help`, each with a deprecation line at start
-/// ([`Config::apply_old_spellings`]). Giving both spellings of one flag is a usage error.
-#[derive(Debug, Clone, Default, clap::Args)]
-pub struct OldSpellings {
-    #[arg(
-        long = "lease-ms",
-        env = "DTX_LEASE_MS",
-        hide = true,
-        conflicts_with = "lease"
-    )]
-    lease_ms: Option<u64>,
-    #[arg(
-        long = "poll-ms",
-        env = "DTX_POLL_MS",
-        hide = true,
-        conflicts_with = "poll"
-    )]
-    poll_ms: Option<u64>,
-    #[arg(
-        long = "handoff-ms",
-        env = "DTX_HANDOFF_MS",
-        hide = true,
-        conflicts_with = "handoff"
-    )]
-    handoff_ms: Option<u64>,
-    #[arg(
-        long = "check-back-after-ms",
-        env = "DTX_CHECK_BACK_AFTER_MS",
-        hide = true,
-        conflicts_with = "check_back_after"
-    )]
-    check_back_after_ms: Option<u64>,
-    #[arg(
-        long = "retention-hours",
-        env = "DTX_RETENTION_HOURS",
-        hide = true,
-        conflicts_with = "retention"
-    )]
-    retention_hours: Option<u64>,
-    #[arg(
-        long = "max-clock-skew-ms",
-        env = "DTX_MAX_CLOCK_SKEW_MS",
-        hide = true,
-        conflicts_with = "max_clock_skew"
-    )]
-    max_clock_skew_ms: Option<u64>,
-    #[arg(
-        long = "shutdown-grace-ms",
-        env = "DTX_SHUTDOWN_GRACE_MS",
-        hide = true,
-        conflicts_with = "shutdown_grace"
-    )]
-    shutdown_grace_ms: Option<u64>,
+/// Declares the duration flags' earlier spellings once: the hidden flags (struct
+/// [`OldSpellings`]) and how [`Config::apply_old_spellings`] moves their values.
+macro_rules! old_spellings {
+    ($($old:ident: $flag:literal, $env:literal, $unit_ms:literal ms => $new:ident;)*) => {
+        /// The duration flags' earlier spellings, bare numbers of milliseconds (or hours):
+        /// still accepted, hidden from `--help`, each with a deprecation line at start
+        /// ([`Config::apply_old_spellings`]). Giving both spellings of one flag is a usage
+        /// error.
+        #[derive(Debug, Clone, Default, clap::Args)]
+        pub struct OldSpellings {
+            $(
+                #[arg(long = $flag, env = $env, hide = true, conflicts_with = stringify!($new))]
+                $old: Option<u64>,
+            )*
+        }
+
+        impl Config {
+            /// Moves values given in an earlier spelling onto their flags; one line per
+            /// spelling used, saying what to write instead (the caller logs them once logging
+            /// is up).
+            pub fn apply_old_spellings(&mut self) -> Vec<String> {
+                let old = std::mem::take(&mut self.old);
+                let mut lines = Vec::new();
+                $(
+                    if let Some(n) = old.$old {
+                        self.$new = Human(Duration::from_millis(n.saturating_mul($unit_ms)));
+                        lines.push(format!(
+                            "--{} (or {}) is deprecated and will be removed: write --{} {}",
+                            $flag,
+                            $env,
+                            stringify!($new).replace('_', "-"),
+                            self.$new
+                        ));
+                    }
+                )*
+                lines
+            }
+        }
+    };
+}
+
+old_spellings! {
+    lease_ms: "lease-ms", "DTX_LEASE_MS", 1 ms => lease;
+    poll_ms: "poll-ms", "DTX_POLL_MS", 1 ms => poll;
+    handoff_ms: "handoff-ms", "DTX_HANDOFF_MS", 1 ms => handoff;
+    check_back_after_ms: "check-back-after-ms", "DTX_CHECK_BACK_AFTER_MS", 1 ms => check_back_after;
+    retention_hours: "retention-hours", "DTX_RETENTION_HOURS", 3_600_000 ms => retention;
+    max_clock_skew_ms: "max-clock-skew-ms", "DTX_MAX_CLOCK_SKEW_MS", 1 ms => max_clock_skew;
+    shutdown_grace_ms: "shutdown-grace-ms", "DTX_SHUTDOWN_GRACE_MS", 1 ms => shutdown_grace;
 }
 
 impl Config {
-    /// Moves values given in an earlier spelling onto their flags; one line per spelling
-    /// used, saying what to write instead (the caller logs them once logging is up).
-    pub fn apply_old_spellings(&mut self) -> Vec<String> {
-        const MS: u64 = 1;
-        const HOUR: u64 = 3_600_000;
-        let old = std::mem::take(&mut self.old);
-        let mut lines = Vec::new();
-        for (flag, value, unit, new_flag, target) in [
-            ("--lease-ms", old.lease_ms, MS, "--lease", &mut self.lease),
-            ("--poll-ms", old.poll_ms, MS, "--poll", &mut self.poll),
-            (
-                "--handoff-ms",
-                old.handoff_ms,
-                MS,
-                "--handoff",
-                &mut self.handoff,
-            ),
-            (
-                "--check-back-after-ms",
-                old.check_back_after_ms,
-                MS,
-                "--check-back-after",
-                &mut self.check_back_after,
-            ),
-            (
-                "--retention-hours",
-                old.retention_hours,
-                HOUR,
-                "--retention",
-                &mut self.retention,
-            ),
-            (
-                "--max-clock-skew-ms",
-                old.max_clock_skew_ms,
-                MS,
-                "--max-clock-skew",
-                &mut self.max_clock_skew,
-            ),
-            (
-                "--shutdown-grace-ms",
-                old.shutdown_grace_ms,
-                MS,
-                "--shutdown-grace",
-                &mut self.shutdown_grace,
-            ),
-        ] {
-            if let Some(n) = value {
-                *target = Human(Duration::from_millis(n.saturating_mul(unit)));
-                lines.push(format!(
-                    "{flag} (or its DTX_ variable) is deprecated and will be removed: write \
-                     {new_flag} {target}"
-                ));
-            }
-        }
-        lines
-    }
-
     pub fn engine(&self) -> EngineConfig {
         let default = EngineConfig::default();
         let instance = self.instance.clone().unwrap_or(default.instance.clone());

@@ -70,22 +70,22 @@ def _client_with(stub):
     return client
 
 
-def test_unavailable_is_repeated_and_other_codes_are_not():
+def _raised_reason(stub):
     import dtx
+    try:
+        _client_with(stub).get("x")
+    except dtx.CoordinatorError as e:
+        return e.reason
+    raise AssertionError("no error")
+
+
+def test_unavailable_is_repeated_and_other_codes_are_not():
     flaky = _Flaky(3)
     assert _client_with(flaky).get("x") == "answer"
     assert flaky.calls == 4
     down = _Flaky(10)
-    try:
-        _client_with(down).get("x")
-        raise AssertionError("no error")
-    except dtx.CoordinatorError as e:
-        assert e.reason == "UNAVAILABLE"
+    assert _raised_reason(down) == "UNAVAILABLE"
     assert down.calls == 5
     refused = _Flaky(10, grpc.StatusCode.NOT_FOUND)
-    try:
-        _client_with(refused).get("x")
-        raise AssertionError("no error")
-    except dtx.CoordinatorError as e:
-        assert e.reason == "UNKNOWN_TRANSACTION"
+    assert _raised_reason(refused) == "UNKNOWN_TRANSACTION"
     assert refused.calls == 1
