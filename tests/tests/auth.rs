@@ -50,6 +50,16 @@ fn requests(xid: &str, bank: &str) -> Vec<(&'static str, serde_json::Value)> {
             json!({"xid": xid, "timeoutMs": 10}),
         ),
         ("dtx.v1.Coordinator/Resume", json!({"xid": xid})),
+        (
+            "dtx.v1.Coordinator/PrepareMessage",
+            json!({
+                "xid": format!("{xid}-msg"),
+                "branches": [{"name": "m1", "target": bank, "handler": "credit"}],
+                "checkBack": {"target": bank, "handler": "check"},
+            }),
+        ),
+        ("dtx.v1.Coordinator/SubmitMessage", json!({"xid": xid})),
+        ("dtx.v1.Coordinator/AbortMessage", json!({"xid": xid})),
         ("dtx.v1.Admin/ListTransactions", json!({})),
         ("dtx.v1.Admin/DescribeTransaction", json!({"xid": xid})),
         ("dtx.v1.Admin/Stats", json!({})),
@@ -256,6 +266,18 @@ async fn every_rpc_refuses_a_caller_it_cannot_trust_and_stores_nothing() {
         ];
         let other_tenant = keys.jwt("globex-ops", "globex", &["initiator", "operator", "reader"]);
 
+        // The sweep covers every RPC of the table (which a unit test holds to the proto).
+        let swept: std::collections::BTreeSet<&str> = requests("order-1", bank_url)
+            .iter()
+            .map(|(rpc, _)| *rpc)
+            .collect();
+        let tabled: std::collections::BTreeSet<&str> = dtx_coordinator::auth::RPC_ROLES
+            .iter()
+            .map(|(rpc, _)| *rpc)
+            .filter(|rpc| rpc.starts_with("dtx.v1."))
+            .collect();
+        assert_eq!(swept, tabled, "an RPC the sweep does not try");
+
         let before = stored(db).await;
         let mut checked = 0;
         for (rpc, body) in requests("order-1", bank_url) {
@@ -306,7 +328,7 @@ async fn every_rpc_refuses_a_caller_it_cannot_trust_and_stores_nothing() {
                 }
             }
         }
-        assert!(checked > 14 * 2 * 7, "{checked}");
+        assert!(checked > 17 * 2 * 7, "{checked}");
 
         // The token file's operator acts; the action is recorded under its subject.
         let (_, operator) = &role_tokens[1];
