@@ -179,12 +179,12 @@ pub fn wire_transaction(record: TxRecord) -> wire::Transaction {
             .branches
             .into_iter()
             .map(|b| wire::Branch {
-                depends_on: deps.get(&b.branch_id).cloned().unwrap_or_default(),
+                depends_on: deps.get(b.branch_id.as_str()).cloned().unwrap_or_default(),
                 status: wire_branch_status(b.state) as i32,
                 attempts: b.attempts.clamp(0, i64::from(u32::MAX)) as u32,
                 last_error: b.last_error.unwrap_or_default(),
                 result: b.result.unwrap_or_default(),
-                branch_id: b.branch_id,
+                branch_id: b.branch_id.into(),
                 target: b.target,
                 handler: b.handler,
             })

@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use dtx_coordinator::domain::alert::{Alert, AlertKind};
 use dtx_coordinator::domain::history::{Entry, Event};
-use dtx_coordinator::domain::{BranchRow, BranchState, Decision, Kind, TxStatus};
+use dtx_coordinator::domain::{
+    BranchId, BranchRow, BranchState, Decision, Fence, Kind, TxStatus, Xid,
+};
 use dtx_coordinator::store::{
     BeginTcc, Created, Decide, Decided, Delivery, Progress, Progressed, RegisterBranch, Registered,
     SqlStore, Store, StoreOptions,
@@ -28,7 +30,7 @@ async fn store<DB: TestBackend>(db: &TestDb<DB>) -> Arc<dyn Store> {
 
 fn begin(xid: &str, timeout_ms: i64) -> BeginTcc {
     BeginTcc {
-        xid: xid.into(),
+        xid: Xid::checked(xid.into()),
         timeout_ms,
         deadline_ms: now_ms() + timeout_ms,
     }
@@ -36,7 +38,7 @@ fn begin(xid: &str, timeout_ms: i64) -> BeginTcc {
 
 fn branch(id: &str) -> BranchRow {
     BranchRow {
-        branch_id: id.into(),
+        branch_id: BranchId::checked(id.into()),
         seq: 1,
         target: "http://127.0.0.1:1".into(),
         handler: "h".into(),
@@ -48,7 +50,7 @@ fn branch(id: &str) -> BranchRow {
 
 fn register(xid: &str, id: &str, max: i64) -> RegisterBranch {
     RegisterBranch {
-        xid: xid.into(),
+        xid: Xid::checked(xid.into()),
         branch: branch(id),
         max_branches: max,
         begin: None,
@@ -57,11 +59,11 @@ fn register(xid: &str, id: &str, max: i64) -> RegisterBranch {
 
 fn decide(xid: &str, decision: Decision, fence: i64) -> Decide {
     Decide {
-        xid: xid.into(),
+        xid: Xid::checked(xid.into()),
         kind: Kind::Tcc,
         decision,
         owner: "me".into(),
-        fence,
+        fence: Fence::stored(fence),
         due_ms: now_ms() + 60_000,
         history: Vec::new(),
     }
@@ -69,8 +71,8 @@ fn decide(xid: &str, decision: Decision, fence: i64) -> Decide {
 
 fn progress(xid: &str, fence: i64, from: TxStatus, to: TxStatus) -> Progress {
     Progress {
-        xid: xid.into(),
-        fence,
+        xid: Xid::checked(xid.into()),
+        fence: Fence::stored(fence),
         new_fence: None,
         from,
         to,
@@ -246,7 +248,7 @@ test_on_all_databases!(
 async fn the_first_branch_can_begin_its_transaction<DB: TestBackend>(db: &'static TestDb<DB>) {
     let s = store(db).await;
     let lazy = |id: &str| RegisterBranch {
-        xid: "lazy".into(),
+        xid: Xid::checked("lazy".into()),
         branch: branch(id),
         max_branches: 64,
         begin: Some((60_000, now_ms() + 60_000)),
@@ -368,8 +370,8 @@ async fn concurrent_claimers_take_disjoint_work<DB: TestBackend>(db: &'static Te
         s2.claim_due("two", Duration::from_secs(30), 25)
     );
     let (a, b) = (a.unwrap(), b.unwrap());
-    let a: HashSet<String> = a.into_iter().map(|r| r.global.xid).collect();
-    let b: HashSet<String> = b.into_iter().map(|r| r.global.xid).collect();
+    let a: HashSet<String> = a.into_iter().map(|r| r.global.xid.into()).collect();
+    let b: HashSet<String> = b.into_iter().map(|r| r.global.xid.into()).collect();
     assert!(
         a.is_disjoint(&b),
         "claimed twice: {:?}",

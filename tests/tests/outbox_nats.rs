@@ -41,6 +41,23 @@ async fn stream_for_run(js: &jetstream::Context) -> (stream::Stream, String) {
     (stream, prefix)
 }
 
+/// A stream for this run and `n` committed events of one key `k` (payloads `k:0`, `k:1`, ...)
+/// on it: the jetstream context, the stream and the events' ids in order. `None` when NATS is
+/// unreachable outside CI.
+async fn backlog_of_one_key<DB: TestBackend>(
+    db: &'static TestDb<DB>,
+    n: usize,
+) -> Option<(jetstream::Context, stream::Stream, Vec<String>)> {
+    let js = jetstream::new(nats().await?);
+    let (stream, prefix) = stream_for_run(&js).await;
+    let topic = format!("{prefix}.orders");
+    let mut ids = Vec::new();
+    for i in 0..n {
+        ids.push(enqueue(&db.pool, &topic, "k", &format!("k:{i}"), true).await);
+    }
+    Some((js, stream, ids))
+}
+
 async fn two_relays_publish_each_committed_event_once_in_order<DB: TestBackend>(
     db: &'static TestDb<DB>,
 ) {
@@ -103,14 +120,9 @@ impl<P: Publisher> Publisher for Refuses<P> {
 async fn a_round_moves_a_keys_backlog_in_order_and_stops_at_a_failure<DB: TestBackend>(
     db: &'static TestDb<DB>,
 ) {
-    let Some(client) = nats().await else { return };
-    let js = jetstream::new(client);
-    let (stream, prefix) = stream_for_run(&js).await;
-    let topic = format!("{prefix}.orders");
-    let mut ids = Vec::new();
-    for n in 0..12 {
-        ids.push(enqueue(&db.pool, &topic, "k", &format!("k:{n}"), true).await);
-    }
+    let Some((js, stream, ids)) = backlog_of_one_key(db, 12).await else {
+        return;
+    };
     let refusing = Refuses {
         inner: JetStream::new(js.clone()),
         refused: "k:5",
@@ -162,14 +174,9 @@ impl<P: Publisher> Publisher for Slow<P> {
 async fn a_run_stops_at_half_the_lease_and_frees_the_rest<DB: TestBackend>(
     db: &'static TestDb<DB>,
 ) {
-    let Some(client) = nats().await else { return };
-    let js = jetstream::new(client);
-    let (stream, prefix) = stream_for_run(&js).await;
-    let topic = format!("{prefix}.orders");
-    let mut ids = Vec::new();
-    for n in 0..8 {
-        ids.push(enqueue(&db.pool, &topic, "k", &format!("k:{n}"), true).await);
-    }
+    let Some((js, stream, ids)) = backlog_of_one_key(db, 8).await else {
+        return;
+    };
     let slow = Slow {
         inner: JetStream::new(js.clone()),
         delay: Duration::from_millis(150),

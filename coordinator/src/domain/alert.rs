@@ -11,7 +11,7 @@ use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
 use super::history::{Entry, Event};
-use super::{Kind, TxStatus};
+use super::{Fence, Kind, TxStatus};
 
 db_enum! {
     /// What an alert is about.
@@ -121,7 +121,7 @@ impl Alert {
 pub fn raised_by(
     xid: &str,
     kind: Kind,
-    fence: i64,
+    fence: Fence,
     history: &[Entry],
     rules: &AlertRules,
 ) -> Vec<Alert> {
@@ -245,7 +245,7 @@ mod tests {
             Entry::branch(3, Event::AttemptFailed, "b1", BranchState::Stuck, 5),
             Entry::tx(4, Event::Status, Some(TxStatus::NeedsAttention)).detail("refused"),
         ];
-        let alerts = raised_by("x1", Kind::Tcc, 77, &history, &rules());
+        let alerts = raised_by("x1", Kind::Tcc, Fence::stored(77), &history, &rules());
         let ids: Vec<_> = alerts.iter().map(|a| a.id.as_str()).collect();
         assert_eq!(ids, ["attempts:x1:b1", "parked:x1:77"]);
         let event: serde_json::Value = serde_json::from_str(&alerts[1].body).unwrap();
@@ -264,7 +264,7 @@ mod tests {
             Entry::branch(2, Event::Branch, "b1", BranchState::Confirmed, 4),
             Entry::tx(3, Event::Status, Some(TxStatus::Committed)),
         ];
-        assert!(raised_by("x1", Kind::Tcc, 1, &history, &rules()).is_empty());
+        assert!(raised_by("x1", Kind::Tcc, Fence::stored(1), &history, &rules()).is_empty());
         assert!(over_attempts(&history, &rules()).is_empty());
     }
 

@@ -129,6 +129,7 @@ pub fn derived(record: &TxRecord, stored: Vec<Entry>) -> Vec<Entry> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::Fence;
 
     #[test]
     fn a_long_detail_is_cut_at_a_character_boundary() {
@@ -160,7 +161,7 @@ mod tests {
                 spec: None,
                 branch_count: 2,
                 owner: None,
-                fence: 0,
+                fence: Fence::UNCLAIMED,
                 due_ms: None,
                 last_error: None,
                 created_ms: 100,

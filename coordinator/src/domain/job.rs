@@ -23,7 +23,7 @@ use super::graph::{
     turn_to_compensation,
 };
 use super::history::{Entry, Event};
-use super::{BranchRow, BranchState, Decision, Kind, TxRecord, TxStatus};
+use super::{BranchId, BranchRow, BranchState, Decision, Fence, Kind, TxRecord, TxStatus, Xid};
 use crate::error::{Error, Result};
 
 /// Where a transaction is.
@@ -102,18 +102,74 @@ impl StepRun {
 /// Everything needed to drive one transaction.
 #[derive(Debug, Clone)]
 pub struct Job {
-    pub xid: String,
+    pub xid: Xid,
     pub kind: Kind,
-    pub fence: i64,
+    pub fence: Fence,
     pub phase: Phase,
     /// Forward progress must finish before this; sagas only.
     pub deadline_ms: Option<i64>,
     pub graph: Graph,
     pub steps: Vec<StepRun>,
     /// Why the forward phase is turning to compensation, once it is.
-    turn: Option<String>,
+    turn: Option<TurnReason>,
     /// History entries since the last durable write (see [`Job::take_history`]).
     history: Vec<Entry>,
+}
+
+/// Why a saga's forward phase turns to compensation. Its text (`Display`) is what the
+/// transaction's `last_error` and history say.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TurnReason {
+    /// The saga's timeout passed before every step succeeded.
+    DeadlinePassed,
+    /// A step answered FAILURE (or could not be sent): its action had no effect.
+    Refused { step: BranchId, error: String },
+    /// A step's attempt budget ran out with its outcome still unknown.
+    NoAnswer {
+        step: BranchId,
+        attempts: i64,
+        error: String,
+    },
+}
+
+impl std::fmt::Display for TurnReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TurnReason::DeadlinePassed => {
+                f.write_str("deadline passed before every step succeeded")
+            }
+            TurnReason::Refused { step, error } => write!(f, "step {step} refused: {error}"),
+            TurnReason::NoAnswer {
+                step,
+                attempts,
+                error,
+            } => write!(
+                f,
+                "step {step} gave no answer in {attempts} attempts: {error}"
+            ),
+        }
+    }
+}
+
+/// Why nothing can progress and the transaction parks in NEEDS_ATTENTION: the steps that
+/// refused in the phase it was in, each with its error.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParkReason {
+    /// The phase's status (COMMITTING, ROLLING_BACK, COMPENSATING).
+    pub during: TxStatus,
+    /// `(branch id, last error)` of every STUCK step.
+    pub stuck: Vec<(BranchId, String)>,
+}
+
+impl std::fmt::Display for ParkReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "refused during {}: ", self.during)?;
+        for (i, (branch, error)) in self.stuck.iter().enumerate() {
+            let sep = if i == 0 { "" } else { "; " };
+            write!(f, "{sep}{branch}: {error}")?;
+        }
+        Ok(())
+    }
 }
 
 /// What the driver does next.
@@ -123,11 +179,11 @@ pub enum Next {
     Start(Vec<usize>),
     /// Nothing is in flight and the saga must turn: call [`Job::turn_to_compensation`], write
     /// RUNNING -> COMPENSATING durably, then go on.
-    Turn(String),
+    Turn(TurnReason),
     /// Every step of the phase is done: write this final status.
     Settle(TxStatus),
     /// Nothing can progress (refused steps, or steps behind them): park in NEEDS_ATTENTION.
-    Park(String),
+    Park(ParkReason),
     /// The next retry is further off than the hand-off bound: give the transaction back to
     /// recovery, due at this time.
     HandOff(i64),
@@ -137,9 +193,9 @@ pub enum Next {
 
 impl Job {
     pub fn new(
-        xid: String,
+        xid: Xid,
         kind: Kind,
-        fence: i64,
+        fence: Fence,
         phase: Phase,
         deadline_ms: Option<i64>,
         graph: Graph,
@@ -211,7 +267,7 @@ impl Job {
     pub fn next(&mut self, now_ms: i64, handoff_after_ms: i64) -> Next {
         let forward = self.phase == Phase::Forward;
         if forward && self.turn.is_none() && self.deadline_ms.is_some_and(|d| now_ms >= d) {
-            self.turn = Some("deadline passed before every step succeeded".into());
+            self.turn = Some(TurnReason::DeadlinePassed);
         }
         // Start what may start. Nothing new starts once the saga is turning.
         let mut next_timer: Option<i64> = None;
@@ -291,15 +347,19 @@ impl Job {
             (Phase::Forward, CallOutcome::Failure(m) | CallOutcome::NotSent(m)) => {
                 step.row.state = BranchState::Refused;
                 step.row.last_error = Some(m.clone());
-                Some(format!("step {name} refused: {m}"))
+                Some(TurnReason::Refused {
+                    step: name.clone(),
+                    error: m,
+                })
             }
             (Phase::Forward, CallOutcome::Unknown(m)) => {
                 step.row.last_error = Some(m.clone());
                 if step.row.attempts >= i64::from(step.policy.max_attempts) {
-                    Some(format!(
-                        "step {name} gave no answer in {} attempts: {m}",
-                        step.row.attempts
-                    ))
+                    Some(TurnReason::NoAnswer {
+                        step: name.clone(),
+                        attempts: step.row.attempts,
+                        error: m,
+                    })
                 } else {
                     step.next_at_ms = Some(retry_at(step));
                     None
@@ -395,24 +455,19 @@ impl Job {
     }
 
     /// Why nothing can progress: the refused steps and their errors.
-    fn stuck_reason(&self) -> String {
-        let stuck: Vec<String> = self
-            .steps
-            .iter()
-            .filter(|s| s.row.state == BranchState::Stuck)
-            .map(|s| {
-                format!(
-                    "{}: {}",
-                    s.row.branch_id,
-                    s.row.last_error.as_deref().unwrap_or_default()
-                )
-            })
-            .collect();
-        format!(
-            "refused during {}: {}",
-            self.phase.status(),
-            stuck.join("; ")
-        )
+    fn stuck_reason(&self) -> ParkReason {
+        ParkReason {
+            during: self.phase.status(),
+            stuck: self
+                .steps
+                .iter()
+                .filter(|s| s.row.state == BranchState::Stuck)
+                .map(|s| {
+                    let error = s.row.last_error.clone().unwrap_or_default();
+                    (s.row.branch_id.clone(), error)
+                })
+                .collect(),
+        }
     }
 }
 
@@ -458,6 +513,39 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    /// The reasons read as they did when they were strings: what `last_error`, the history
+    /// and the alerts say does not change with their types.
+    #[test]
+    fn reasons_read_as_the_transaction_records_them() {
+        let step = |s: &str| BranchId::from(s);
+        assert_eq!(
+            TurnReason::DeadlinePassed.to_string(),
+            "deadline passed before every step succeeded"
+        );
+        let refused = TurnReason::Refused {
+            step: step("pay"),
+            error: "card declined".into(),
+        };
+        assert_eq!(refused.to_string(), "step pay refused: card declined");
+        let silent = TurnReason::NoAnswer {
+            step: step("ship"),
+            attempts: 5,
+            error: "timeout".into(),
+        };
+        assert_eq!(
+            silent.to_string(),
+            "step ship gave no answer in 5 attempts: timeout"
+        );
+        let parked = ParkReason {
+            during: TxStatus::Compensating,
+            stuck: vec![(step("a"), "no".into()), (step("b"), "gone".into())],
+        };
+        assert_eq!(
+            parked.to_string(),
+            "refused during COMPENSATING: a: no; b: gone"
+        );
+    }
+
     fn job(kind: Kind, deps: &[Vec<usize>], phase: Phase, deadline_ms: Option<i64>) -> Job {
         let mut graph = Graph::independent(deps.len());
         for (i, ds) in deps.iter().enumerate() {
@@ -468,7 +556,7 @@ mod tests {
         let steps = (0..deps.len())
             .map(|i| {
                 let row = BranchRow {
-                    branch_id: format!("s{i}"),
+                    branch_id: BranchId::checked(format!("s{i}")),
                     ..BranchRow::default()
                 };
                 let policy = RetryPolicy {
@@ -478,7 +566,15 @@ mod tests {
                 StepRun::new(row, Vec::new(), Vec::new(), BTreeMap::new(), policy)
             })
             .collect();
-        Job::new("x".into(), kind, 1, phase, deadline_ms, graph, steps)
+        Job::new(
+            "x".into(),
+            kind,
+            Fence::stored(1),
+            phase,
+            deadline_ms,
+            graph,
+            steps,
+        )
     }
 
     #[test]

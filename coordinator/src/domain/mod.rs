@@ -7,6 +7,7 @@ pub mod allow;
 pub mod backoff;
 pub mod graph;
 pub mod history;
+pub mod ids;
 pub mod job;
 pub mod message;
 pub mod record;
@@ -14,5 +15,6 @@ pub mod saga;
 pub mod status;
 pub mod tcc;
 
+pub use ids::{BranchId, Fence, Xid};
 pub use record::{BranchRow, GlobalRow, TxRecord};
 pub use status::{BranchState, Decision, Kind, TxStatus};

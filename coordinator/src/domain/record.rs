@@ -2,12 +2,13 @@
 
 use std::collections::BTreeMap;
 
+use super::ids::{BranchId, Fence, Xid};
 use super::status::{BranchState, Decision, Kind, TxStatus};
 
 /// One global transaction's row.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GlobalRow {
-    pub xid: String,
+    pub xid: Xid,
     pub kind: Kind,
     pub status: TxStatus,
     pub decision: Option<Decision>,
@@ -20,7 +21,7 @@ pub struct GlobalRow {
     pub owner: Option<String>,
     /// Fencing token: a fresh random value on every claim; a driver's writes require the token
     /// it claimed with, so a stale driver's writes change nothing.
-    pub fence: i64,
+    pub fence: Fence,
     pub due_ms: Option<i64>,
     pub last_error: Option<String>,
     pub created_ms: i64,
@@ -30,7 +31,7 @@ pub struct GlobalRow {
 /// One TCC branch or saga step.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct BranchRow {
-    pub branch_id: String,
+    pub branch_id: BranchId,
     /// Registration (TCC) or definition (saga) order.
     pub seq: i64,
     pub target: String,

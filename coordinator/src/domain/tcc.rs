@@ -104,6 +104,7 @@ pub fn unapplied_decision(kind: Kind, decision: Decision, row: &GlobalRow) -> Re
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::Fence;
 
     fn trying(branch_count: i64) -> GlobalRow {
         GlobalRow {
@@ -116,7 +117,7 @@ mod tests {
             spec: None,
             branch_count,
             owner: None,
-            fence: 0,
+            fence: Fence::UNCLAIMED,
             due_ms: Some(1_000),
             last_error: None,
             created_ms: 0,

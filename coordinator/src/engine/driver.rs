@@ -119,6 +119,7 @@ pub async fn drive(
                 continue;
             }
             Next::Turn(reason) => {
+                let reason = reason.to_string();
                 if !turn_to_compensation_durably(&inner, &mut job, &reason).await {
                     return Ended::Lost;
                 }
@@ -130,7 +131,7 @@ pub async fn drive(
                 inner.metrics.parked();
                 tracing::error!(xid = %job.xid, %reason, "transaction needs attention");
                 let to = TxStatus::NeedsAttention;
-                return settle(&inner, &mut job, &active, to, Some(reason)).await;
+                return settle(&inner, &mut job, &active, to, Some(reason.to_string())).await;
             }
             Next::HandOff(due_ms) => return hand_off(&inner, &mut job, &active, due_ms).await,
             Next::Sleep(until_ms) => until_ms,

@@ -17,7 +17,7 @@ use crate::domain::backoff::RetryPolicy;
 use crate::domain::graph::Graph;
 use crate::domain::job::{Job, Phase, StepRun};
 use crate::domain::saga::{SagaPlan, Step};
-use crate::domain::{BranchRow, BranchState, Decision, GlobalRow, Kind, TxRecord};
+use crate::domain::{BranchId, BranchRow, BranchState, Decision, Fence, GlobalRow, Kind, TxRecord};
 use crate::error::{Error, Result};
 
 impl Engine {
@@ -31,7 +31,7 @@ impl Engine {
     }
 
     /// Builds the driver's job for a record in `phase`, holding `fence`.
-    pub(super) fn job(&self, record: &TxRecord, fence: i64, phase: Phase) -> Result<Job> {
+    pub(super) fn job(&self, record: &TxRecord, fence: Fence, phase: Phase) -> Result<Job> {
         let g = &record.global;
         let (graph, steps) = match g.kind {
             Kind::Tcc => {
@@ -157,7 +157,7 @@ fn planned_steps(
                 .get(s.name.as_str())
                 .map(|r| (*r).clone())
                 .unwrap_or_else(|| BranchRow {
-                    branch_id: s.name.clone(),
+                    branch_id: BranchId::checked(s.name.clone()),
                     seq: i as i64,
                     target: s.target.clone(),
                     handler: s.handler.clone(),

@@ -3,7 +3,6 @@
 //! recovery checks back on a prepared message whose initiator went silent and follows the
 //! answer - delivered, dropped, or (any other answer) asked again later.
 
-use dtx_proto::limits;
 use dtx_proto::trace::TRACEPARENT;
 use dtx_proto::v1::{BranchAction, PrepareMessageRequest};
 use prost::Message;
@@ -12,11 +11,11 @@ use tokio::time::Instant;
 use super::Engine;
 use super::metrics::outcome_label;
 use super::participants::Call;
-use super::saga::same_definition;
+use super::saga::{entering_xid, same_definition};
 use crate::domain::history::{Entry, Event};
 use crate::domain::job::{CallOutcome, Phase};
 use crate::domain::message::{MessagePlan, next_check_back_ms};
-use crate::domain::{Decision, GlobalRow, Kind, TxRecord, TxStatus};
+use crate::domain::{BranchId, Decision, Fence, GlobalRow, Kind, TxRecord, TxStatus};
 use crate::error::{Error, Result};
 use crate::store::{Created, Progress, Progressed, SubmitSaga};
 
@@ -25,10 +24,7 @@ impl Engine {
     /// is submitted or its check-back finds the local commit. An identical repeat returns the
     /// existing message.
     pub async fn prepare_message(&self, mut request: PrepareMessageRequest) -> Result<GlobalRow> {
-        if request.xid.is_empty() {
-            request.xid = uuid::Uuid::new_v4().to_string();
-        }
-        limits::check_scoped_xid(&request.xid)?;
+        let xid = entering_xid(&mut request.xid)?;
         let plan = MessagePlan::from_request(&request, self.inner.config.check_back_after)?;
         for branch in &request.branches {
             self.check_target(&branch.target)?;
@@ -42,7 +38,7 @@ impl Engine {
         request.check_back_after_ms = after_ms as u64;
         let now = self.inner.now_ms();
         let global = GlobalRow {
-            xid: request.xid.clone(),
+            xid: xid.clone(),
             kind: Kind::Message,
             status: TxStatus::Prepared,
             decision: None,
@@ -51,7 +47,7 @@ impl Engine {
             spec: Some(request.encode_to_vec()),
             branch_count: request.branches.len() as i64,
             owner: None,
-            fence: 0,
+            fence: Fence::UNCLAIMED,
             due_ms: Some(now + after_ms),
             last_error: None,
             created_ms: now,
@@ -71,8 +67,7 @@ impl Engine {
                 Ok(row)
             }
             Created::Exists(row) => Err(Error::Conflict(format!(
-                "xid {:?} is already used by {}",
-                request.xid,
+                "xid {xid:?} is already used by {}",
                 match row.kind {
                     Kind::Message => "a different message definition",
                     Kind::Saga => "a saga",
@@ -113,7 +108,7 @@ impl Engine {
         let call = Call {
             target: check_back.target.clone(),
             xid: g.xid.clone(),
-            branch_id: dtx_proto::MESSAGE_BRANCH.to_string(),
+            branch_id: BranchId::checked(dtx_proto::MESSAGE_BRANCH.to_string()),
             action: BranchAction::CheckBack,
             handler: check_back.handler.clone(),
             payload: Vec::new(),

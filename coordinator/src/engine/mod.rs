@@ -30,7 +30,7 @@ use tokio::sync::{Notify, mpsc, oneshot, watch};
 
 use crate::domain::allow::Allowlist;
 use crate::domain::history::{Entry, Event};
-use crate::domain::{BranchRow, GlobalRow, TxRecord, TxStatus};
+use crate::domain::{BranchRow, GlobalRow, TxRecord, TxStatus, Xid};
 use crate::store::Store;
 
 pub use crate::domain::job::CallOutcome;
@@ -159,7 +159,7 @@ pub struct Inner {
     config: EngineConfig,
     /// Transactions this instance drives now, by xid: their live view answers Get and Wait
     /// ahead of the store's group-committed rows.
-    active: Mutex<HashMap<String, Arc<Active>>>,
+    active: Mutex<HashMap<Xid, Arc<Active>>>,
     metrics: Metrics,
     /// Set once at shutdown: drivers stop starting calls and hand their transactions back.
     shutdown: watch::Sender<bool>,

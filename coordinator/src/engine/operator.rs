@@ -8,7 +8,7 @@
 use super::Engine;
 use crate::domain::history::{Entry, Event};
 use crate::domain::job::{Phase, resumed};
-use crate::domain::{Decision, GlobalRow, Kind, TxRecord, TxStatus};
+use crate::domain::{Decision, Fence, GlobalRow, Kind, TxRecord, TxStatus};
 use crate::error::{Error, Result};
 use crate::store::{ListQuery, Progress, Progressed, Tally};
 
@@ -70,9 +70,9 @@ impl Engine {
         let g = &record.global;
         let xid = g.xid.as_str();
         let now = self.inner.now_ms();
-        let fence = crate::store::new_fence();
+        let fence = Fence::fresh();
         let progress = Progress {
-            xid: xid.to_string(),
+            xid: g.xid.clone(),
             fence: g.fence,
             new_fence: Some(fence),
             from: TxStatus::NeedsAttention,
@@ -107,7 +107,7 @@ impl Engine {
         match (g.kind, g.status) {
             (Kind::Tcc, TxStatus::Trying) => {
                 let entry = by.entry(now, "force rollback", Some(TxStatus::RollingBack));
-                self.decide_with(xid.to_string(), Kind::Tcc, Decision::Rollback, entry)
+                self.decide_with(g.xid.clone(), Kind::Tcc, Decision::Rollback, entry)
                     .await?;
                 Ok(Acted::Applied)
             }
@@ -136,7 +136,7 @@ impl Engine {
     async fn compensate_running(&self, record: TxRecord, by: &Operator) -> Result<Acted> {
         let g = &record.global;
         let now = self.inner.now_ms();
-        let fence = crate::store::new_fence();
+        let fence = Fence::fresh();
         let mut job = self.job(&record, fence, Phase::Forward)?.taken_over();
         job.turn_to_compensation(now);
         let reason = format!("forced by {}: {}", by.name, by.reason);
@@ -215,7 +215,7 @@ impl Engine {
             _ if due <= now => Ok(Acted::AlreadyDone),
             _ => {
                 let progress = Progress {
-                    xid: xid.to_string(),
+                    xid: g.xid.clone(),
                     fence: g.fence,
                     new_fence: None,
                     from: g.status,

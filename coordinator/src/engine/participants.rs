@@ -18,13 +18,14 @@ use tonic::transport::Channel;
 use super::http_client::{self, Client};
 use crate::domain::allow::{Allowlist, Target};
 use crate::domain::job::CallOutcome;
+use crate::domain::{BranchId, Xid};
 
 /// One branch call.
 #[derive(Debug, Clone)]
 pub struct Call {
     pub target: String,
-    pub xid: String,
-    pub branch_id: String,
+    pub xid: Xid,
+    pub branch_id: BranchId,
     pub action: BranchAction,
     pub handler: String,
     pub payload: Vec<u8>,
@@ -140,8 +141,8 @@ impl Participants {
         );
         let (target, timeout) = (call.target, call.timeout);
         let request = BranchRequest {
-            xid: call.xid,
-            branch_id: call.branch_id,
+            xid: call.xid.into(),
+            branch_id: call.branch_id.into(),
             action: call.action as i32,
             handler: call.handler,
             payload: call.payload,

@@ -1,6 +1,5 @@
 //! Sagas: one write stores the whole definition, then this instance runs it.
 
-use dtx_proto::limits;
 use dtx_proto::trace::TRACEPARENT;
 use dtx_proto::v1::SubmitSagaRequest;
 use prost::Message;
@@ -8,7 +7,7 @@ use prost::Message;
 use super::Engine;
 use crate::domain::job::Phase;
 use crate::domain::saga::SagaPlan;
-use crate::domain::{GlobalRow, Kind, TxRecord, TxStatus};
+use crate::domain::{Fence, GlobalRow, Kind, TxRecord, TxStatus, Xid};
 use crate::error::{Error, Result};
 use crate::store::{Created, SubmitSaga};
 
@@ -18,14 +17,7 @@ impl Engine {
     pub async fn submit_saga(&self, mut request: SubmitSagaRequest) -> Result<GlobalRow> {
         // How long the caller waits is not part of the definition.
         request.wait_timeout_ms = 0;
-        if request.xid.is_empty() {
-            request.xid = uuid::Uuid::new_v4().to_string();
-        }
-        limits::check_scoped_xid(&request.xid)?;
-        let plan = SagaPlan::from_request(&request)?;
-        for step in &request.steps {
-            self.check_target(&step.target)?;
-        }
+        let (xid, plan) = self.admit_saga(&mut request)?;
         if self.is_shutting_down() {
             return Err(Error::ShuttingDown);
         }
@@ -33,9 +25,9 @@ impl Engine {
         request.timeout_ms = plan.timeout.as_millis() as u64;
         let spec = request.encode_to_vec();
         let now = self.inner.now_ms();
-        let fence = crate::store::new_fence();
+        let fence = Fence::fresh();
         let global = GlobalRow {
-            xid: request.xid.clone(),
+            xid: xid.clone(),
             kind: Kind::Saga,
             status: TxStatus::Running,
             decision: None,
@@ -74,8 +66,7 @@ impl Engine {
                 Ok(row)
             }
             Created::Exists(row) => Err(Error::Conflict(format!(
-                "xid {:?} is already used by {}",
-                request.xid,
+                "xid {xid:?} is already used by {}",
                 match row.kind {
                     Kind::Saga => "a different saga definition",
                     Kind::Tcc => "a TCC transaction",
@@ -84,6 +75,31 @@ impl Engine {
             ))),
         }
     }
+}
+
+impl Engine {
+    /// A submitted saga as it enters, in one step: its xid (the caller's, checked, or a fresh
+    /// one, written back into the definition), its plan (limits, names, dependencies) and every
+    /// step's target against the allowlist. Nothing is stored unless all of it holds.
+    fn admit_saga(&self, request: &mut SubmitSagaRequest) -> Result<(Xid, SagaPlan)> {
+        let xid = entering_xid(&mut request.xid)?;
+        let plan = SagaPlan::from_request(request)?;
+        for step in &plan.steps {
+            self.check_target(&step.target)?;
+        }
+        Ok((xid, plan))
+    }
+}
+
+/// The xid of a definition as it enters: the caller's, checked, or a fresh one for a caller
+/// that named none; written back so the stored definition carries it.
+pub(super) fn entering_xid(field: &mut String) -> Result<Xid> {
+    let xid = match field.as_str() {
+        "" => Xid::generate(),
+        _ => Xid::parse(std::mem::take(field))?,
+    };
+    *field = xid.to_string();
+    Ok(xid)
 }
 
 /// Whether a stored definition is `request` again, compared without what `untraced` removes:

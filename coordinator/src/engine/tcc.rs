@@ -11,7 +11,9 @@ use super::Engine;
 use crate::domain::history::Entry;
 use crate::domain::job::Phase;
 use crate::domain::tcc::{Undecided, refused_registration, unapplied_decision};
-use crate::domain::{BranchRow, Decision, GlobalRow, Kind, TxRecord, TxStatus};
+use crate::domain::{
+    BranchId, BranchRow, Decision, Fence, GlobalRow, Kind, TxRecord, TxStatus, Xid,
+};
 use crate::error::{Error, Result};
 use crate::store::{BeginTcc, Created, Decide, Decided, RegisterBranch, Registered};
 
@@ -31,8 +33,10 @@ pub struct NewBranch {
 impl Engine {
     /// Begins a TCC transaction; an identical repeat returns the existing one.
     pub async fn begin(&self, xid: Option<String>, timeout_ms: u64) -> Result<GlobalRow> {
-        let xid = xid.unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
-        limits::check_scoped_xid(&xid)?;
+        let xid = match xid {
+            Some(xid) => Xid::parse(xid)?,
+            None => Xid::generate(),
+        };
         let timeout = limits::timeout(
             "timeout_ms",
             timeout_ms,
@@ -64,7 +68,7 @@ impl Engine {
                     spec: None,
                     branch_count: 0,
                     owner: None,
-                    fence: 0,
+                    fence: Fence::UNCLAIMED,
                     due_ms: Some(deadline_ms),
                     last_error: None,
                     created_ms: now,
@@ -83,12 +87,12 @@ impl Engine {
 
     /// Registers a branch before its Try is invoked.
     pub async fn register_branch(&self, xid: String, branch: NewBranch) -> Result<()> {
-        limits::check_scoped_xid(&xid)?;
+        let xid = Xid::parse(xid)?;
         let begin = branch.begin_timeout.map(|t| {
             let timeout_ms = t.as_millis() as i64;
             (timeout_ms, self.inner.now_ms() + timeout_ms)
         });
-        limits::check_branch_id("branch_id", &branch.branch_id)?;
+        let branch_id = BranchId::parse("branch_id", branch.branch_id)?;
         limits::check_target("target", &branch.target)?;
         self.check_target(&branch.target)?;
         limits::check_handler("handler", &branch.handler)?;
@@ -98,7 +102,7 @@ impl Engine {
         let seq = self.inner.now_ms() * per_ms
             + self.inner.seq.fetch_add(1, Ordering::Relaxed) as i64 % per_ms;
         let row = BranchRow {
-            branch_id: branch.branch_id,
+            branch_id,
             seq,
             target: branch.target,
             handler: branch.handler,
@@ -124,7 +128,7 @@ impl Engine {
                 }
                 Ok(())
             }
-            Registered::Missing => Err(Error::UnknownXid(xid)),
+            Registered::Missing => Err(Error::UnknownXid(xid.into())),
             Registered::Refused { global, existing } => {
                 refused_registration(&row, &global, existing.as_ref(), self.inner.now_ms())
             }
@@ -141,7 +145,7 @@ impl Engine {
         decision: Decision,
         wait: Option<Duration>,
     ) -> Result<TxStatus> {
-        limits::check_scoped_xid(&xid)?;
+        let xid = Xid::parse(xid)?;
         let why = match (kind, decision) {
             (Kind::Message, Decision::Commit) => "submitted by the initiator".to_string(),
             (Kind::Message, _) => "aborted by the initiator".to_string(),
@@ -160,7 +164,7 @@ impl Engine {
     /// transaction is in (an identical repeat answers the current one).
     pub(super) async fn decide_with(
         &self,
-        xid: String,
+        xid: Xid,
         kind: Kind,
         decision: Decision,
         entry: Entry,
@@ -168,7 +172,7 @@ impl Engine {
         if self.is_shutting_down() {
             return Err(Error::ShuttingDown);
         }
-        let fence = crate::store::new_fence();
+        let fence = Fence::fresh();
         let due_ms = self.inner.now_ms() + self.inner.config.lease.as_millis() as i64;
         let written = self
             .inner
@@ -191,7 +195,7 @@ impl Engine {
                 self.spawn(job, record.global);
                 phase.status()
             }
-            Decided::Missing => return Err(Error::UnknownXid(xid)),
+            Decided::Missing => return Err(Error::UnknownXid(xid.into())),
             Decided::Exists(mut row) => {
                 // Answer with the status Get and Wait see: the stored row may lag the driver's
                 // live view (its final write is group-committed after waiters learned it).

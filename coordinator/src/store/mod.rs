@@ -22,17 +22,16 @@ use futures::future::BoxFuture;
 
 use crate::domain::alert::Alert;
 use crate::domain::history::Entry;
-use crate::domain::{BranchRow, Decision, GlobalRow, Kind, TxRecord, TxStatus};
+use crate::domain::{BranchRow, Decision, Fence, GlobalRow, Kind, TxRecord, TxStatus, Xid};
 use crate::error::{Error, Result};
 
 pub use clock::DbClock;
 pub use sql::SqlStore;
-pub(crate) use sql::new_fence;
 
 /// Creates a TCC transaction in TRYING unless the xid exists.
 #[derive(Debug, Clone)]
 pub struct BeginTcc {
-    pub xid: String,
+    pub xid: Xid,
     pub timeout_ms: i64,
     pub deadline_ms: i64,
 }
@@ -48,7 +47,7 @@ pub struct SubmitSaga {
 /// `begin` (timeout, deadline) it first begins the transaction if it does not exist.
 #[derive(Debug, Clone)]
 pub struct RegisterBranch {
-    pub xid: String,
+    pub xid: Xid,
     pub branch: BranchRow,
     pub max_branches: i64,
     pub begin: Option<(i64, i64)>,
@@ -58,12 +57,12 @@ pub struct RegisterBranch {
 /// COMMITTING/ROLLING_BACK, claiming it for `owner` with a fresh fencing token.
 #[derive(Debug, Clone)]
 pub struct Decide {
-    pub xid: String,
+    pub xid: Xid,
     /// Applies only to a transaction of this kind.
     pub kind: Kind,
     pub decision: Decision,
     pub owner: String,
-    pub fence: i64,
+    pub fence: Fence,
     pub due_ms: i64,
     /// Recorded with the decision (who decided and why).
     pub history: Vec<Entry>,
@@ -72,11 +71,11 @@ pub struct Decide {
 /// A fenced change of a transaction's status, ownership and branch progress by its driver.
 #[derive(Debug, Clone)]
 pub struct Progress {
-    pub xid: String,
+    pub xid: Xid,
     /// The fencing token the writer holds; the write applies only if it is still current.
-    pub fence: i64,
+    pub fence: Fence,
     /// A fresh token to install (a claim), or `None` to keep `fence`.
-    pub new_fence: Option<i64>,
+    pub new_fence: Option<Fence>,
     pub from: TxStatus,
     pub to: TxStatus,
     /// The decision recorded after the write: the one `to` stands for (NEEDS_ATTENTION keeps

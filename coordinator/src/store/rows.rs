@@ -2,12 +2,33 @@
 //! are still `&'static str` built at compile time), the statements that select them, and their
 //! decoding in the order the lists give.
 
-use dtx_sql::{Conn, SqlRow, args};
+use dtx_sql::{Arg, Conn, SqlRow, args};
 
 use crate::domain::history::{Entry, Event};
 use crate::domain::record::decode_headers;
-use crate::domain::{BranchRow, BranchState, Decision, GlobalRow, Kind, TxRecord, TxStatus};
+use crate::domain::{
+    BranchId, BranchRow, BranchState, Decision, Fence, GlobalRow, Kind, TxRecord, TxStatus, Xid,
+};
 use crate::error::{Error, Result};
+
+// Identifiers bind as the text or integer the columns hold.
+impl<'a> From<&'a Xid> for Arg<'a> {
+    fn from(xid: &'a Xid) -> Self {
+        Arg::from(xid.as_str())
+    }
+}
+
+impl<'a> From<&'a BranchId> for Arg<'a> {
+    fn from(id: &'a BranchId) -> Self {
+        Arg::from(id.as_str())
+    }
+}
+
+impl From<Fence> for Arg<'_> {
+    fn from(fence: Fence) -> Self {
+        Arg::from(fence.get())
+    }
+}
 
 /// `dtx_global`'s columns in the order [`global_from_row`] decodes them. `$t` prefixes each
 /// column (`""`, or a table alias such as `"g."`); `$spec` is the spec column, or `"NULL"` where
@@ -210,7 +231,7 @@ pub(super) fn global_from_row<R: SqlRow>(r: &R) -> Result<GlobalRow> {
     let status = r.text(2)?;
     let decision = r.opt_text(3)?;
     Ok(GlobalRow {
-        xid: r.text(0)?,
+        xid: Xid::checked(r.text(0)?),
         kind: Kind::parse(&kind).ok_or_else(|| corrupt("kind", &kind))?,
         status: TxStatus::parse(&status).ok_or_else(|| corrupt("status", &status))?,
         decision: match decision {
@@ -222,7 +243,7 @@ pub(super) fn global_from_row<R: SqlRow>(r: &R) -> Result<GlobalRow> {
         spec: r.opt_bytes(6)?,
         branch_count: r.i64(7)?,
         owner: r.opt_text(8)?,
-        fence: r.i64(9)?,
+        fence: Fence::stored(r.i64(9)?),
         due_ms: r.opt_i64(10)?,
         last_error: r.opt_text(11)?,
         created_ms: r.i64(12)?,
@@ -233,7 +254,7 @@ pub(super) fn global_from_row<R: SqlRow>(r: &R) -> Result<GlobalRow> {
 fn branch_from_row<R: SqlRow>(r: &R) -> Result<BranchRow> {
     let state = r.text(7)?;
     Ok(BranchRow {
-        branch_id: r.text(0)?,
+        branch_id: BranchId::checked(r.text(0)?),
         seq: r.i64(1)?,
         target: r.text(2)?,
         handler: r.text(3)?,

@@ -22,7 +22,7 @@ use super::{
 };
 use crate::domain::alert::Alert;
 use crate::domain::history::{Entry, Event};
-use crate::domain::{GlobalRow, Kind, TxRecord, TxStatus};
+use crate::domain::{Fence, GlobalRow, Kind, TxRecord, TxStatus};
 use crate::error::Result;
 
 /// Rows whose recovery time passed, with their previous owner. Other claimers skip the rows
@@ -174,7 +174,7 @@ impl<DB: Backend> SqlStore<DB> {
         let mut history = Vec::with_capacity(rows.len());
         for row in rows {
             let xid = row.text(0)?;
-            let fence = new_fence();
+            let fence = Fence::fresh();
             let n = conn
                 .execute(CLAIM, args![owner, fence, due_ms, now, xid.as_str(), now])
                 .await?;
@@ -383,11 +383,6 @@ impl<DB: Backend> Store for SqlStore<DB> {
         let (id, delivery) = (id.to_owned(), delivery.clone());
         self.detach(move |store| async move { store.finish(&id, &delivery).await })
     }
-}
-
-/// A fresh fencing token.
-pub(crate) fn new_fence() -> i64 {
-    rand::random::<i64>() & i64::MAX
 }
 
 /// The listing statement for one status (or all), keyset-paginated newest first. Only
