@@ -10,11 +10,14 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use dtx_proto::auth::CallVerifier;
+use dtx_proto::auth::{Call, CallVerifier};
 use dtx_proto::codec::SizeGuard;
 use dtx_proto::limits::MAX_REQUEST_BYTES;
 use dtx_proto::v1::participant_server::{Participant, ParticipantServer as WireServer};
-use dtx_proto::v1::{BranchAction, BranchRequest, BranchResponse, Outcome};
+use dtx_proto::v1::{
+    BranchAction, BranchBatchAnswer, BranchBatchRequest, BranchBatchResponse, BranchRequest,
+    BranchResponse, Outcome,
+};
 use dtx_sdk::barrier::HandlerError;
 use dtx_sdk::barrier::Reply;
 use dtx_sdk::server::{BranchCall, HandlerFn, ParticipantServer};
@@ -80,18 +83,9 @@ impl NoopParticipant {
     }
 }
 
-#[tonic::async_trait]
-impl Participant for NoopParticipant {
-    async fn branch(
-        &self,
-        request: Request<BranchRequest>,
-    ) -> Result<Response<BranchResponse>, Status> {
-        if let Some(calls) = &self.calls {
-            calls
-                .verify_request(request.metadata(), request.get_ref())
-                .map_err(|e| Status::unauthenticated(e.0))?;
-        }
-        let request = request.into_inner();
+impl NoopParticipant {
+    /// The answer to one checked call: at once, or once the gate opens for a held one.
+    async fn answer(&self, request: BranchRequest) -> BranchResponse {
         let first_phase = matches!(request.action(), BranchAction::Try | BranchAction::Action);
         let holds = matches!(
             request.action(),
@@ -108,9 +102,53 @@ impl Participant for NoopParticipant {
         } else {
             Outcome::Success
         };
-        Ok(Response::new(BranchResponse {
+        BranchResponse {
             outcome: outcome as i32,
             ..Default::default()
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl Participant for NoopParticipant {
+    async fn branch(
+        &self,
+        request: Request<BranchRequest>,
+    ) -> Result<Response<BranchResponse>, Status> {
+        if let Some(calls) = &self.calls {
+            calls
+                .verify_request(request.metadata(), request.get_ref())
+                .map_err(|e| Status::unauthenticated(e.0))?;
+        }
+        Ok(Response::new(self.answer(request.into_inner()).await))
+    }
+
+    async fn branch_batch(
+        &self,
+        request: Request<BranchBatchRequest>,
+    ) -> Result<Response<BranchBatchResponse>, Status> {
+        let answers = request
+            .into_inner()
+            .items
+            .into_iter()
+            .map(|item| async move {
+                let request = item.request.unwrap_or_default();
+                if let Some(calls) = &self.calls
+                    && let Err(e) = calls.verify(&item.call_token, Call::of(&request))
+                {
+                    return BranchBatchAnswer {
+                        code: tonic::Code::Unauthenticated as i32,
+                        message: e.0,
+                        response: None,
+                    };
+                }
+                BranchBatchAnswer {
+                    response: Some(self.answer(request).await),
+                    ..Default::default()
+                }
+            });
+        Ok(Response::new(BranchBatchResponse {
+            answers: futures::future::join_all(answers).await,
         }))
     }
 }

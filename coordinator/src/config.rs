@@ -9,7 +9,7 @@ use std::time::Duration;
 use dtx_proto::duration::Human;
 
 use crate::domain::alert::AlertRules;
-use crate::engine::{AlertConfig, EngineConfig};
+use crate::engine::{AlertConfig, Batching, EngineConfig};
 use crate::store::StoreOptions;
 
 /// The dtx coordinator: drives TCC transactions and sagas to a terminal state.
@@ -134,6 +134,24 @@ pub struct Config {
     /// further handlers are counted under `handler="_other"` (keeps the series bounded).
     #[arg(long, env = "DTX_METRICS_MAX_HANDLERS", default_value_t = EngineConfig::default().max_handler_labels)]
     pub metrics_max_handlers: usize,
+
+    /// Most second-phase calls (Confirm, Cancel, saga action and compensation) due at once to
+    /// one gRPC participant that are sent together as one `BranchBatch` call (1: every call
+    /// alone). A participant without `BranchBatch` gets single calls.
+    #[arg(long, env = "DTX_BRANCH_BATCH", default_value_t = Batching::default().max_items as u64,
+          value_parser = clap::value_parser!(u64).range(1..=dtx_proto::limits::MAX_BATCH_ITEMS as u64))]
+    pub branch_batch: u64,
+
+    /// Calls or batches in flight to one gRPC participant at a time; calls that come due while
+    /// all are out leave together with the next.
+    #[arg(long, env = "DTX_BRANCH_BATCH_IN_FLIGHT", default_value_t = Batching::default().in_flight as u64,
+          value_parser = clap::value_parser!(u64).range(1..=1024))]
+    pub branch_batch_in_flight: u64,
+
+    /// Longest a due call waits for one of those to come back; then it leaves anyway (a
+    /// participant holding its answers delays the others by at most this).
+    #[arg(long, env = "DTX_BRANCH_BATCH_WAIT", default_value_t = Human(Batching::default().max_wait))]
+    pub branch_batch_wait: Human,
 
     /// Serve every listener over TLS with this certificate chain (PEM, leaf first); with
     /// `--tls-key`. Re-read on SIGHUP and when the file changes.
@@ -342,6 +360,11 @@ impl Config {
             retention: (!self.retention.0.is_zero()).then_some(self.retention.0),
             max_clock_skew: self.max_clock_skew.0,
             max_handler_labels: self.metrics_max_handlers,
+            batching: Batching {
+                max_items: self.branch_batch as usize,
+                in_flight: self.branch_batch_in_flight as usize,
+                max_wait: self.branch_batch_wait.0,
+            },
             ..default
         }
     }

@@ -55,7 +55,10 @@ use dtx_proto::codec::SizeGuard;
 use dtx_proto::limits::{self, LimitError};
 use dtx_proto::trace::{TRACEPARENT, TraceParent};
 use dtx_proto::v1::participant_server::{Participant, ParticipantServer as WireServer};
-use dtx_proto::v1::{BranchRequest, BranchResponse, Outcome, OutcomeDetail};
+use dtx_proto::v1::{
+    BranchBatchAnswer, BranchBatchRequest, BranchBatchResponse, BranchRequest, BranchResponse,
+    Outcome, OutcomeDetail,
+};
 use dtx_sql::Backend;
 use dtx_sql::sqlx::Pool;
 use futures::future::BoxFuture;
@@ -273,6 +276,138 @@ impl<DB: Backend> ParticipantServer<DB> {
 
     /// Handles one call without gRPC (what the service does after decoding).
     pub async fn handle(&self, request: BranchRequest) -> Result<BranchResponse, Status> {
+        let (work, call) = self.prepare(request)?;
+        let trace_id = call.trace().map(|t| t.trace_hex()).unwrap_or_default();
+        let action = call.action;
+        let span = tracing::info_span!("branch", xid = %call.xid, branch = %call.branch_id, %action, %trace_id);
+        let work = run_with_retries(self.pool.clone(), work, call, self.conflict_retries);
+        // Instrumented, not entered: a guard held across `.await` would leak the span into
+        // whatever else runs on this thread while the call is suspended. Detached: a caller
+        // that goes away must not cut the local transaction midway (see `dtx_sql::detached`);
+        // the call finishes and its answer waits in the barrier for the caller's retry.
+        Ok(dtx_sql::detached(work.instrument(span)).await)
+    }
+
+    /// Checks a batch's caller once and each item's call token (as [`ParticipantServer::admit`]
+    /// does for one call): each item's request, or the status a single call would have got.
+    pub fn admit_batch(
+        &self,
+        request: Request<BranchBatchRequest>,
+    ) -> Result<Vec<Result<BranchRequest, Status>>, Status> {
+        if let Some(names) = &self.callers {
+            check_caller(request.peer_certs().as_deref(), names)?;
+        }
+        let items = request.into_inner().items;
+        if items.len() > limits::MAX_BATCH_ITEMS {
+            return Err(Status::invalid_argument(format!(
+                "items: {} is more than the limit of {} per batch",
+                items.len(),
+                limits::MAX_BATCH_ITEMS
+            )));
+        }
+        Ok(items
+            .into_iter()
+            .map(|item| {
+                let request = item.request.unwrap_or_default();
+                if let Some(verifier) = &self.calls {
+                    let refused = if item.call_token.is_empty() {
+                        Err(dtx_proto::auth::CallTokenError(
+                            "branch call refused: no call token in the batch item (this \
+                             participant obeys only the coordinator, which signs every call)"
+                                .into(),
+                        ))
+                    } else {
+                        verifier.verify(&item.call_token, dtx_proto::auth::Call::of(&request))
+                    };
+                    if let Err(refused) = refused {
+                        tracing::warn!(xid = %request.xid, branch = %request.branch_id, error = %refused, "branch call refused");
+                        metrics::refused();
+                        return Err(Status::unauthenticated(refused.0));
+                    }
+                }
+                Ok(request)
+            })
+            .collect())
+    }
+
+    /// Handles a batch without gRPC: every item gets the answer [`ParticipantServer::handle`]
+    /// would give it alone. The items run in one local transaction, each behind its own barrier
+    /// row (a refusal rolls back to the barrier's savepoint, as alone), committed once. If any
+    /// item errs (its handler, the database, a lock conflict) or the commit fails, the whole
+    /// transaction rolls back and every item runs alone instead, with its own retries: an
+    /// error may have ended the shared transaction, and an answer must never claim an effect
+    /// that was not committed. Check-backs, which wait for other transactions, always run
+    /// alone.
+    pub async fn handle_batch(
+        &self,
+        items: Vec<Result<BranchRequest, Status>>,
+    ) -> BranchBatchResponse {
+        let mut answers: Vec<Option<Result<BranchResponse, Status>>> = Vec::new();
+        let (mut together, mut alone) = (Vec::new(), Vec::new());
+        for (i, item) in items.into_iter().enumerate() {
+            answers.push(None);
+            match item.and_then(|request| self.prepare(request)) {
+                Err(status) => answers[i] = Some(Err(status)),
+                Ok((Work::CheckBack, call)) => alone.push((i, Work::CheckBack, call)),
+                Ok((work, call)) => together.push((i, work, call)),
+            }
+        }
+        if together.len() == 1 {
+            alone.append(&mut together);
+        }
+        let (pool, retries) = (self.pool.clone(), self.conflict_retries);
+        let span = tracing::info_span!("branch batch", items = answers.len());
+        let work = async move {
+            let mut answered = Vec::new();
+            if !together.is_empty() {
+                let calls: Vec<(&Work<DB::Conn>, &BranchCall)> = together
+                    .iter()
+                    .map(|(_, work, call)| (work, call))
+                    .collect();
+                match run_batch_once(&pool, &calls).await {
+                    Ok(batch) => {
+                        for ((i, _, call), answer) in together.iter().zip(batch) {
+                            metrics::call(&call.handler, call.action, Some(answer.detail));
+                            answered.push((*i, to_wire(answer)));
+                        }
+                    }
+                    Err(e) => {
+                        tracing::debug!(error = %e, "batch rolled back; running its items alone");
+                        alone.append(&mut together);
+                    }
+                }
+            }
+            let singles = alone.into_iter().map(|(i, work, call)| {
+                let pool = pool.clone();
+                async move { (i, run_with_retries(pool, work, call, retries).await) }
+            });
+            answered.extend(futures::future::join_all(singles).await);
+            answered
+        };
+        for (i, answer) in dtx_sql::detached(work.instrument(span)).await {
+            answers[i] = Some(Ok(answer));
+        }
+        BranchBatchResponse {
+            answers: answers
+                .into_iter()
+                .map(|answer| match answer.expect("every item answered") {
+                    Ok(response) => BranchBatchAnswer {
+                        code: 0,
+                        message: String::new(),
+                        response: Some(response),
+                    },
+                    Err(status) => BranchBatchAnswer {
+                        code: status.code() as i32,
+                        message: status.message().to_string(),
+                        response: None,
+                    },
+                })
+                .collect(),
+        }
+    }
+
+    /// A request as its handler will see it, or the status its call is answered with.
+    fn prepare(&self, request: BranchRequest) -> Result<(Work<DB::Conn>, BranchCall), Status> {
         let action = Action::from_wire(request.action).ok_or_else(|| {
             Status::invalid_argument(format!(
                 "action {} is not one of TRY, CONFIRM, CANCEL, ACTION, COMPENSATE, CHECK_BACK",
@@ -299,14 +434,7 @@ impl<DB: Backend> ParticipantServer<DB> {
             payload: request.payload,
             headers: request.headers,
         };
-        let trace_id = call.trace().map(|t| t.trace_hex()).unwrap_or_default();
-        let span = tracing::info_span!("branch", xid = %call.xid, branch = %call.branch_id, %action, %trace_id);
-        let work = run_with_retries(self.pool.clone(), work, call, self.conflict_retries);
-        // Instrumented, not entered: a guard held across `.await` would leak the span into
-        // whatever else runs on this thread while the call is suspended. Detached: a caller
-        // that goes away must not cut the local transaction midway (see `dtx_sql::detached`);
-        // the call finishes and its answer waits in the barrier for the caller's retry.
-        Ok(dtx_sql::detached(work.instrument(span)).await)
+        Ok((work, call))
     }
 }
 
@@ -360,30 +488,49 @@ async fn run_once<DB: Backend>(
     work: &Work<DB::Conn>,
     call: &BranchCall,
 ) -> Result<Answer, Error> {
+    let mut answers = run_batch_once(pool, &[(work, call)]).await?;
+    Ok(answers.pop().expect("one answer per call"))
+}
+
+/// Runs calls one after the other in one local transaction and commits it; on any error it
+/// rolls back and nothing of any call stays.
+async fn run_batch_once<DB: Backend>(
+    pool: &Pool<DB>,
+    calls: &[(&Work<DB::Conn>, &BranchCall)],
+) -> Result<Vec<Answer>, Error> {
+    let mut tx = DB::begin(pool).await?;
+    let mut answers = Vec::with_capacity(calls.len());
+    for (work, call) in calls {
+        match run_in(DB::conn(&mut tx), work, call).await {
+            Ok(answer) => answers.push(answer),
+            Err(e) => {
+                // Rolling back explicitly returns the connection clean; a failure here only
+                // means the connection is gone, which drops the transaction anyway.
+                let _ = tx.rollback().await;
+                return Err(e);
+            }
+        }
+    }
+    tx.commit().await?;
+    Ok(answers)
+}
+
+/// One call's barrier and handler on a connection inside a transaction.
+async fn run_in<C: dtx_sql::Conn>(
+    conn: &mut C,
+    work: &Work<C>,
+    call: &BranchCall,
+) -> Result<Answer, Error> {
     // The handler name is part of the request: the same ids sent to another handler are a
     // different call. Headers are not (trace ids differ per attempt).
     let request = RequestHash::of_parts(&[call.handler.as_bytes(), &call.payload]);
     let key = BranchKey::new(&call.xid, &call.branch_id, call.action)?.with_request(request);
-    let mut tx = DB::begin(pool).await?;
-    let conn = DB::conn(&mut tx);
-    let answer = match work {
+    match work {
         Work::Handler(handler) => {
             let (handler, owned) = (handler.clone(), call.clone());
             barrier::call(conn, key, move |conn| handler(conn, owned)).await
         }
         Work::CheckBack => barrier::check_back(conn, &call.xid).await,
-    };
-    match answer {
-        Ok(answer) => {
-            tx.commit().await?;
-            Ok(answer)
-        }
-        Err(e) => {
-            // Rolling back explicitly returns the connection clean; a failure here only
-            // means the connection is gone, which drops the transaction anyway.
-            let _ = tx.rollback().await;
-            Err(e)
-        }
     }
 }
 
@@ -441,6 +588,14 @@ impl<DB: Backend> Participant for ParticipantServer<DB> {
         request: Request<BranchRequest>,
     ) -> Result<Response<BranchResponse>, Status> {
         self.handle(self.admit(request)?).await.map(Response::new)
+    }
+
+    async fn branch_batch(
+        &self,
+        request: Request<BranchBatchRequest>,
+    ) -> Result<Response<BranchBatchResponse>, Status> {
+        let items = self.admit_batch(request)?;
+        Ok(Response::new(self.handle_batch(items).await))
     }
 }
 

@@ -52,6 +52,20 @@ const MAX_STEP_BYTES: usize = MAX_BRANCH_ID_LEN
 pub const MAX_REQUEST_BYTES: usize =
     MAX_BRANCHES * MAX_STEP_BYTES + MAX_HEADERS_BYTES + MAX_XID_LEN + (1 << 20);
 
+/// Most items in one `Participant.BranchBatch` call.
+pub const MAX_BATCH_ITEMS: usize = 64;
+// A batch of the largest items (ids, handler, payload, headers, a call token) still decodes.
+const _: () = assert!(
+    MAX_BATCH_ITEMS
+        * (MAX_XID_LEN
+            + MAX_BRANCH_ID_LEN
+            + MAX_HANDLER_LEN
+            + MAX_PAYLOAD_BYTES
+            + MAX_HEADERS_BYTES
+            + 2048)
+        < MAX_REQUEST_BYTES
+);
+
 /// An input outside the contract's limits. The message names the field and the limit.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]

@@ -14,6 +14,8 @@ MAX_PAYLOAD_BYTES = 64 * 1024
 MAX_HEADERS = 32
 MAX_HEADER_KEY_LEN = 64
 MAX_HEADER_VALUE_LEN = 1024
+#: Most items in one ``Participant.BranchBatch`` call.
+MAX_BATCH_ITEMS = 64
 
 _ID = (re.compile(r"[A-Za-z0-9._:-]"), "[A-Za-z0-9._:-]")
 _TENANT = (re.compile(r"[A-Za-z0-9._-]"), "[A-Za-z0-9._-]")

@@ -19,6 +19,11 @@ unknown handler                             gRPC NOT_FOUND
 action kind the handler does not have       gRPC FAILED_PRECONDITION
 ==========================================  =====================================
 
+``BranchBatch`` (several second-phase calls the coordinator sends together) runs its items in
+one local transaction, each behind its own barrier row, and commits once; each item gets the
+answer it would get alone (if any item raises, the transaction rolls back and every item runs
+alone). See :meth:`ParticipantServer.handle_batch`.
+
 Over HTTP/JSON instead of gRPC, :meth:`ParticipantServer.wsgi_app` (mount it in any WSGI
 framework) or :meth:`ParticipantServer.serve_http` answers a step target with a path, such as
 ``http://billing:8000/dtx/branch``, with the same rules; a rejection is a problem+json body whose
@@ -160,6 +165,12 @@ class ParticipantServer(dtx_pb2_grpc.ParticipantServicer):
         except Rejected as e:
             context.abort(e.code, str(e))
 
+    def BranchBatch(self, request, context):  # noqa: N802 (the generated servicer's name)
+        try:
+            return self.handle_batch(request.items)
+        except Rejected as e:
+            context.abort(e.code, str(e))
+
     def serve(self, address="127.0.0.1:0", max_workers=16, tls=None):
         """Starts a gRPC server with this service; returns ``(server, port)``. With ``tls``
         (a :class:`ServerTls`) it serves TLS only, and with a client CA it requires the
@@ -242,6 +253,55 @@ class ParticipantServer(dtx_pb2_grpc.ParticipantServicer):
 
     def handle(self, request, headers=None):
         """Answers one ``BranchRequest`` (what :meth:`Branch` does after decoding)."""
+        return self._run_with_retries(*self._prepare(request, headers))
+
+    def handle_batch(self, items):
+        """Answers the items of a ``BranchBatchRequest`` (what :meth:`BranchBatch` does after
+        decoding), each as :meth:`handle` would answer it alone, in order.
+
+        Each item's call token is checked (when calls are verified) and its limits, before
+        anything runs. The items run in one local transaction, each behind its own barrier row
+        (a refusal rolls back to the barrier's savepoint, as alone), committed once. If any item
+        raises (its handler, the database, a lock conflict) or the commit fails, the whole
+        transaction rolls back and every item runs alone instead, with its own retries: an
+        answer must never claim an effect that was not committed. Check-backs, which wait for
+        other transactions, always run alone.
+        """
+        if len(items) > limits.MAX_BATCH_ITEMS:
+            raise Rejected(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"items: {len(items)} is more than the limit of {limits.MAX_BATCH_ITEMS} per "
+                "batch",
+            )
+        answers = [None] * len(items)
+        together, alone = [], []
+        for i, item in enumerate(items):
+            try:
+                self._admit(item.request, item.call_token or None)
+                handler, call = self._prepare(item.request)
+            except Rejected as e:
+                answers[i] = wire.BranchBatchAnswer(code=e.code.value[0], message=str(e))
+                continue
+            (alone if handler is _CHECK_BACK else together).append((i, handler, call))
+        if len(together) == 1:
+            alone, together = alone + together, []
+        if together:
+            try:
+                with self.database.transaction() as tx:
+                    ran = [(i, _to_wire(_run_in(tx, handler, call))) for i, handler, call in together]
+            except Exception as e:
+                log.debug("batch of %d rolled back; running its items alone: %s", len(items), e)
+                alone += together
+            else:
+                for i, response in ran:
+                    answers[i] = wire.BranchBatchAnswer(response=response)
+        for i, handler, call in alone:
+            answers[i] = wire.BranchBatchAnswer(response=self._run_with_retries(handler, call))
+        return wire.BranchBatchResponse(answers=answers)
+
+    def _prepare(self, request, headers=None):
+        """The handler of ``request`` and the call it sees; raises :class:`Rejected` with the
+        status the call is answered with."""
         action = _WIRE_ACTIONS.get(request.action)
         if action is None:
             raise Rejected(
@@ -272,25 +332,14 @@ class ParticipantServer(dtx_pb2_grpc.ParticipantServicer):
         call = BranchCall(
             request.xid, request.branch_id, request.handler, action, bytes(request.payload), headers
         )
-        return self._run_with_retries(handler, call)
+        return handler, call
 
     def _run_with_retries(self, handler, call):
-        # The handler name is part of the request: the same ids sent to another handler are a
-        # different call. Headers are not (trace ids differ per attempt).
-        key = BranchKey(
-            call.xid,
-            call.branch_id,
-            call.action,
-            barrier.request_hash(call.handler.encode(), call.payload),
-        )
         attempt = 0
         while True:
             try:
                 with self.database.transaction() as tx:
-                    if handler is _CHECK_BACK:
-                        answer = barrier.check_back(tx, call.xid)
-                    else:
-                        answer = barrier.call(tx, key, lambda conn: handler(conn, call))
+                    answer = _run_in(tx, handler, call)
                 return _to_wire(answer)
             except Exception as e:
                 if self.database.is_lock_conflict(e) and attempt < self.conflict_retries:
@@ -305,6 +354,21 @@ class ParticipantServer(dtx_pb2_grpc.ParticipantServicer):
                     e,
                 )
                 return wire.BranchResponse(outcome=wire.OUTCOME_RETRY, message=str(e))
+
+
+def _run_in(tx, handler, call):
+    """One call's barrier and handler inside ``tx``."""
+    if handler is _CHECK_BACK:
+        return barrier.check_back(tx, call.xid)
+    # The handler name is part of the request: the same ids sent to another handler are a
+    # different call. Headers are not (trace ids differ per attempt).
+    key = BranchKey(
+        call.xid,
+        call.branch_id,
+        call.action,
+        barrier.request_hash(call.handler.encode(), call.payload),
+    )
+    return barrier.call(tx, key, lambda conn: handler(conn, call))
 
 
 def _with_trace(request, trace):

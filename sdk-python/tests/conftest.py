@@ -149,6 +149,12 @@ def free_port():
 @pytest.fixture
 def coordinator(tmp_path):
     """The real coordinator binary on a free port and a SQLite store; a client to it."""
+    yield from run_coordinator(tmp_path)
+
+
+def run_coordinator(tmp_path, *flags):
+    """Runs the coordinator binary with ``flags`` besides its address, store and poll; yields
+    a client to it once it answers, and kills it after."""
     binary = os.environ.get("DTX_COORDINATOR_BIN")
     if not binary or not os.path.exists(binary):
         unavailable("DTX_COORDINATOR_BIN does not name the coordinator binary")
@@ -159,6 +165,7 @@ def coordinator(tmp_path):
             "--listen", f"127.0.0.1:{port}",
             "--store", f"sqlite://{tmp_path / 'coordinator.db'}",
             "--poll", "50ms",
+            *flags,
         ],
         stdout=subprocess.DEVNULL,
         env={**os.environ, "RUST_LOG": "warn"},

@@ -95,6 +95,10 @@ pub struct ChaosConfig {
     /// Auth on: initiators send a bearer token, coordinators sign every branch call and the
     /// bank obeys only signed calls; `None`: auth off.
     pub auth: Option<Arc<ChaosAuth>>,
+    /// The bank takes `BranchBatch` calls (the coordinators batch second-phase calls due at
+    /// once); its items meet the faults single calls do, and some die mid-batch
+    /// ([`FaultRates::die_in_batch`]). `false`: the bank answers batches UNIMPLEMENTED.
+    pub batches: bool,
 }
 
 /// Keys made for the run: the coordinators' auth flags, the initiators' token, and what the
@@ -201,6 +205,7 @@ impl ChaosConfig {
             lease_ms: 1000,
             tls: None,
             auth: None,
+            batches: true,
         }
     }
 }
@@ -377,6 +382,7 @@ pub fn default_rates() -> FaultRates {
         late_forward: 0.02,
         late_by: Duration::from_millis(1500),
         refuse_forward: 0.03,
+        die_in_batch: 0.02,
         ..FaultRates::default()
     }
 }
@@ -431,6 +437,9 @@ pub struct ChaosReport {
     /// Of `kills`, those aimed at the sender of a slow call.
     pub aimed_kills: u64,
     pub faults: u64,
+    /// `BranchBatch` calls the bank took, and the calls they held.
+    pub batches: usize,
+    pub batched_calls: usize,
     /// Transactions per class.
     pub per_class: BTreeMap<Class, usize>,
     pub outcomes: BTreeMap<String, usize>,
@@ -481,7 +490,7 @@ impl ChaosReport {
             .collect();
         classes.push(format!("run {}", self.count(None)));
         format!(
-            "chaos: {} tx ({} tcc, {} saga, {} message), {} coordinators{}, {} kills ({} aimed), {} faults, {} anomalies [{}] kinds [{}], {} lease-overlap notices (seed {}; {})",
+            "chaos: {} tx ({} tcc, {} saga, {} message), {} coordinators{}, {} kills ({} aimed), {} faults, {} batches of {} calls, {} anomalies [{}] kinds [{}], {} lease-overlap notices (seed {}; {})",
             self.tcc + self.saga + self.message,
             self.tcc,
             self.saga,
@@ -494,6 +503,8 @@ impl ChaosReport {
             self.kills,
             self.aimed_kills,
             self.faults,
+            self.batches,
+            self.batched_calls,
             self.failures().count(),
             classes.join(", "),
             kinds
@@ -1201,6 +1212,10 @@ async fn run_bounded<DB: TestBackend>(mut cfg: ChaosConfig) -> Option<ChaosRepor
     }
     let mut faults = Faults::random(cfg.seed, cfg.rates);
     let mut slow_calls = faults.watch_slow_calls();
+    if cfg.batches {
+        faults.take_batches();
+        crate::participant::quiet_deaths();
+    }
     let mut builder = Server::builder();
     if let Some(tls) = &cfg.tls {
         use tonic::transport::{Certificate, Identity, ServerTlsConfig};
@@ -1506,6 +1521,8 @@ async fn run_bounded<DB: TestBackend>(mut cfg: ChaosConfig) -> Option<ChaosRepor
     report.kills = kills.load(Ordering::Relaxed);
     report.aimed_kills = aimed.load(Ordering::Relaxed);
     report.faults = faults.injected();
+    let sizes = faults.batch_sizes();
+    (report.batches, report.batched_calls) = (sizes.len(), sizes.iter().sum());
 
     let mut procs = processes.lock().await;
     for p in procs.iter_mut().filter_map(Option::take) {

@@ -28,7 +28,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use dtx_proto::v1::participant_server::{Participant, ParticipantServer as WireServer};
-use dtx_proto::v1::{BranchRequest, BranchResponse};
+use dtx_proto::v1::{
+    BranchBatchAnswer, BranchBatchRequest, BranchBatchResponse, BranchRequest, BranchResponse,
+};
 use dtx_sdk::barrier::{Action, Reply};
 use dtx_sdk::server::{BranchCall, ParticipantServer};
 use dtx_sql::Backend;
@@ -79,6 +81,10 @@ pub enum Fault {
     /// A status-only answer instead of the participant's response: the call never reaches
     /// the barrier (`after: false`) or runs and its answer is replaced (`after: true`).
     Status { how: StatusAnswer, after: bool },
+    /// The handler makes its change, then the participant dies mid-transaction (the handler
+    /// panics): the database rolls back its open transaction - in a batch, every item's - and
+    /// the caller sees UNAVAILABLE.
+    Die,
 }
 
 /// A status-only answer, the kind a proxy or a replica mid-deploy gives.
@@ -130,6 +136,8 @@ pub struct FaultRates {
     /// arrival, usually while the participant is mid-way through its local transaction.
     pub abandon: f64,
     pub abandon_within: Duration,
+    /// Batch items only: [`Fault::Die`] (the whole batch's transaction is lost).
+    pub die_in_batch: f64,
 }
 
 /// Scripted faults per (branch_id, action); `"*"` matches every branch. Optionally also random
@@ -153,6 +161,9 @@ pub struct Faults {
     /// Calls so far per (xid, branch, action): the attempt number a random fault is drawn
     /// for (a scan of `calls` under its lock made every call O(calls) and stalled long runs).
     attempts: Arc<Mutex<HashMap<CallKey, usize>>>,
+    /// `None`: `BranchBatch` is answered UNIMPLEMENTED (the default: a participant built
+    /// before batches); `Some`: batches are taken, and each one's size is recorded here.
+    batches: Arc<Mutex<Option<Vec<usize>>>>,
 }
 
 /// One call that reached the bank: when it arrived and finished, and what it answered.
@@ -177,6 +188,21 @@ pub struct CallRecord {
 }
 
 impl Faults {
+    /// The bank takes `BranchBatch` calls from now on (see [`Faults::batch_sizes`]).
+    pub fn take_batches(&self) {
+        self.batches.lock().unwrap().get_or_insert_with(Vec::new);
+    }
+
+    /// Scripted faults not yet met by a call.
+    pub fn scripted_left(&self) -> usize {
+        self.script.lock().unwrap().values().map(|f| f.len()).sum()
+    }
+
+    /// How many calls each batch the bank took held, in arrival order.
+    pub fn batch_sizes(&self) -> Vec<usize> {
+        self.batches.lock().unwrap().clone().unwrap_or_default()
+    }
+
     /// The next calls of (branch, action) experience `faults`, in order.
     pub fn push(&self, branch: &str, action: Action, faults: impl IntoIterator<Item = Fault>) {
         self.script
@@ -235,12 +261,21 @@ impl Faults {
     }
 
     fn next(&self, request: &BranchRequest, action: Action) -> Option<Fault> {
+        self.next_of(request, action, false)
+    }
+
+    /// [`Faults::next`] for an item of a batch (which may also draw [`Fault::Die`]).
+    fn next_in_batch(&self, request: &BranchRequest, action: Action) -> Option<Fault> {
+        self.next_of(request, action, true)
+    }
+
+    fn next_of(&self, request: &BranchRequest, action: Action, batched: bool) -> Option<Fault> {
         let (xid, branch) = (request.xid.as_str(), request.branch_id.as_str());
         // A message's delivery has no business refusal: one parks the message for a person.
         let refusable = action.is_forward() && request.handler != DELIVER;
         let fault = self
             .scripted(branch, action)
-            .or_else(|| self.drawn(xid, branch, action, refusable));
+            .or_else(|| self.drawn(xid, branch, action, refusable, batched));
         if fault.is_some() {
             self.injected
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -258,7 +293,14 @@ impl Faults {
         None
     }
 
-    fn drawn(&self, xid: &str, branch: &str, action: Action, refusable: bool) -> Option<Fault> {
+    fn drawn(
+        &self,
+        xid: &str,
+        branch: &str,
+        action: Action,
+        refusable: bool,
+        batched: bool,
+    ) -> Option<Fault> {
         let (seed, r) = self.rates(xid)?;
         let attempt = self
             .attempts
@@ -308,6 +350,8 @@ impl Faults {
             Some(Fault::Status { how, after: true })
         } else if draw(r.abandon) {
             Some(Fault::Abandon(r.abandon_within.mul_f64(v)))
+        } else if batched && draw(r.die_in_batch) {
+            Some(Fault::Die)
         } else {
             None
         }
@@ -446,10 +490,31 @@ fn ledger_handler<C: dtx_sql::Conn + 'static>(
                     let _ = effect(conn, &call).await;
                     Ok(Reply::refuse(message))
                 }
+                Some(Fault::Die) => {
+                    let _ = effect(conn, &call).await;
+                    std::panic::panic_any(DIED);
+                }
                 _ => effect(conn, &call).await,
             }
         })
     }
+}
+
+/// What a participant that died mid-transaction ([`Fault::Die`]) panics with, and what its
+/// caller is answered (see [`quiet_deaths`]).
+pub const DIED: &str = "injected: the participant died mid-transaction";
+
+/// Keeps the panics of [`Fault::Die`] out of the test output (other panics print as before).
+pub fn quiet_deaths() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if info.payload().downcast_ref::<&str>() != Some(&DIED) {
+                previous(info);
+            }
+        }));
+    });
 }
 
 /// The bank's handler for message deliveries: a credit, which the random faults never refuse
@@ -527,8 +592,12 @@ impl<DB: Backend> Bank<DB> {
         WireServer::new(self)
     }
 
+    /// Runs the call; a handler that died ([`Fault::Die`]) is answered UNAVAILABLE.
     async fn deliver(&self, request: BranchRequest) -> Result<BranchResponse, Status> {
-        self.inner.handle(request).await
+        let inner = self.inner.clone();
+        tokio::spawn(async move { inner.handle(request).await })
+            .await
+            .unwrap_or_else(|_| Err(Status::unavailable(DIED)))
     }
 }
 
@@ -640,7 +709,9 @@ impl<DB: Backend> Participant for Bank<DB> {
                     tokio::join!(self.deliver(request.clone()), self.deliver(request));
                 first
             }
-            Some(fault @ (Fault::HandlerError | Fault::Refuse | Fault::RefuseWith(_))) => {
+            Some(
+                fault @ (Fault::HandlerError | Fault::Refuse | Fault::RefuseWith(_) | Fault::Die),
+            ) => {
                 self.handler_faults.0.lock().unwrap().insert(
                     (request.xid.clone(), request.branch_id.clone(), action),
                     fault,
@@ -657,6 +728,133 @@ impl<DB: Backend> Participant for Bank<DB> {
             .is_ok_and(|r| r.outcome() == dtx_proto::v1::Outcome::Success);
         self.maybe_reorder(&sent, action, ok);
         answer.map(Response::new)
+    }
+
+    /// Unless [`Faults::take_batches`] was called, answers UNIMPLEMENTED, as a participant
+    /// built before `BranchBatch` does, so coordinators send it single calls. Taking batches,
+    /// each item is logged and meets its scripted or random fault like a single call, the way
+    /// a batch can: a handler fault (refusal, error, [`Fault::Die`]) applies to its item inside
+    /// the batch's transaction; a status-only answer replaces its item's answer (the item runs
+    /// first when `after`); the other faults of the wire (unavailable before or after, delay,
+    /// duplicate, abandon) happen to the whole batch, as one call.
+    async fn branch_batch(
+        &self,
+        request: Request<BranchBatchRequest>,
+    ) -> Result<Response<BranchBatchResponse>, Status> {
+        if self.faults.batches.lock().unwrap().is_none() {
+            return Err(Status::unimplemented(
+                "this participant takes branch calls one at a time",
+            ));
+        }
+        let peer = request.remote_addr();
+        let mut items = self.inner.admit_batch(request)?;
+        let mut logged = Vec::new();
+        let mut replaced = Vec::new();
+        let mut wire_fault = None;
+        for (item, admitted) in items.iter_mut().enumerate() {
+            let Ok(request) = admitted else { continue };
+            let Some(action) = Action::from_wire(request.action) else {
+                continue;
+            };
+            let index = self.faults.arrived(request, action, peer, false);
+            logged.push((item, index, request.clone(), action));
+            match self.faults.next_in_batch(request, action) {
+                Some(
+                    fault @ (Fault::HandlerError
+                    | Fault::Refuse
+                    | Fault::RefuseWith(_)
+                    | Fault::Die),
+                ) => {
+                    let key = (request.xid.clone(), request.branch_id.clone(), action);
+                    self.handler_faults.0.lock().unwrap().insert(key, fault);
+                }
+                Some(Fault::Status { after, .. }) => {
+                    let status = Status::unimplemented("injected: a status-only item answer");
+                    if !after {
+                        *admitted = Err(status.clone());
+                    }
+                    replaced.push((item, status));
+                }
+                Some(fault) => wire_fault = wire_fault.or(Some(fault)),
+                None => {}
+            }
+        }
+        if let Some(sizes) = self.faults.batches.lock().unwrap().as_mut() {
+            sizes.push(items.len());
+        }
+        let inner = self.inner.clone();
+        // A panicking handler ([`Fault::Die`]) unwinds through the batch's open transaction,
+        // which the database rolls back: the participant died mid-transaction.
+        let run = |items: Vec<Result<BranchRequest, Status>>| {
+            let inner = inner.clone();
+            async move {
+                tokio::spawn(async move { inner.handle_batch(items).await })
+                    .await
+                    .map_err(|_| Status::unavailable(DIED))
+            }
+        };
+        let answered = match wire_fault {
+            None => run(items).await,
+            Some(Fault::UnavailableBefore) => Err(Status::unavailable(
+                "injected: unavailable before the batch",
+            )),
+            Some(Fault::UnavailableAfter) => run(items)
+                .await
+                .and(Err(Status::unavailable("injected: batch response lost"))),
+            Some(Fault::Delay(d)) => {
+                if let Some(slow) = &self.faults.slow_calls {
+                    for (_, _, request, _) in &logged {
+                        slow.send(request.xid.clone()).ok();
+                    }
+                }
+                // Delivered even if the caller stops waiting.
+                let late = run(items);
+                tokio::spawn(async move {
+                    tokio::time::sleep(d).await;
+                    late.await
+                })
+                .await
+                .expect("late delivery")
+            }
+            Some(Fault::Abandon(after)) => match tokio::time::timeout(after, run(items)).await {
+                Ok(answer) => answer,
+                Err(_) => Err(Status::cancelled(
+                    "injected: the caller went away mid-batch",
+                )),
+            },
+            Some(Fault::Duplicate) => {
+                let (first, _second) = tokio::join!(run(items.clone()), run(items));
+                first
+            }
+            Some(other) => unreachable!("{other:?} is an item's fault"),
+        };
+        let answered = answered.map(|mut response| {
+            for (item, status) in replaced {
+                response.answers[item] = BranchBatchAnswer {
+                    code: status.code() as i32,
+                    message: status.message().to_string(),
+                    response: None,
+                };
+            }
+            response
+        });
+        for (item, index, request, action) in logged {
+            let answer = match &answered {
+                Err(status) => Err(status.clone()),
+                Ok(response) => match &response.answers[item] {
+                    BranchBatchAnswer {
+                        code: 0, response, ..
+                    } => Ok(response.clone().unwrap_or_default()),
+                    other => Err(Status::new(other.code.into(), other.message.clone())),
+                },
+            };
+            self.faults.answered(index, &answer);
+            let ok = answer
+                .as_ref()
+                .is_ok_and(|r| r.outcome() == dtx_proto::v1::Outcome::Success);
+            self.maybe_reorder(&request, action, ok);
+        }
+        answered.map(Response::new)
     }
 }
 

@@ -38,7 +38,7 @@ pub use alerts::AlertConfig;
 pub use driver::Ended;
 pub use metrics::{METRIC_NAMES, Metrics};
 pub use operator::{Acted, Described, Operator};
-pub use participants::Participants;
+pub use participants::{Batching, Participants};
 pub use tcc::NewBranch;
 
 /// Tuning of the engine.
@@ -74,6 +74,8 @@ pub struct EngineConfig {
     pub participant_tls: Option<dtx_proto::tls::ClientTls>,
     /// The branch targets (and webhooks) the coordinator may call (default: loopback only).
     pub allow: Arc<Allowlist>,
+    /// How second-phase calls due at once to one participant are sent together.
+    pub batching: Batching,
 }
 
 impl Default for EngineConfig {
@@ -95,6 +97,7 @@ impl Default for EngineConfig {
             max_handler_labels: metrics::DEFAULT_MAX_HANDLER_LABELS,
             participant_tls: None,
             allow: Arc::default(),
+            batching: Batching::default(),
         }
     }
 }
@@ -256,6 +259,7 @@ impl Engine {
                 participants: Arc::new(Participants::new(
                     config.participant_tls.clone(),
                     config.allow.clone(),
+                    config.batching,
                 )),
                 metrics: Metrics::new(config.max_handler_labels),
                 config,

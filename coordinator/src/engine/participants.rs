@@ -2,17 +2,21 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
-use std::sync::{Arc, OnceLock, RwLock};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::time::{Duration, Instant};
 
 use dtx_proto::answer::Answer;
 use dtx_proto::auth::{self, CallSigner};
 use dtx_proto::http::Problem;
 use dtx_proto::limits::{Transport, transport_of};
 use dtx_proto::tls::ClientTls;
-use dtx_proto::trace::TraceParent;
+use dtx_proto::trace::{TRACEPARENT, TraceParent};
 use dtx_proto::v1::participant_client::ParticipantClient;
-use dtx_proto::v1::{BranchAction, BranchRequest, BranchResponse};
+use dtx_proto::v1::{
+    BranchAction, BranchBatchItem, BranchBatchRequest, BranchRequest, BranchResponse,
+};
+use tokio::sync::{Semaphore, mpsc, oneshot};
+use tonic::Status;
 use tonic::transport::Channel;
 
 use super::http_client::{self, Client};
@@ -41,6 +45,43 @@ pub struct Participants {
     allow: Arc<Allowlist>,
     /// Signs every call (`x-dtx-call-token`) when a signing key is configured.
     signer: RwLock<Option<Arc<CallSigner>>>,
+    batching: Batching,
+}
+
+/// How calls due at once to one participant are sent together.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Batching {
+    /// Most calls in one `BranchBatch` (1: every call alone).
+    pub max_items: usize,
+    /// Batches (or single calls) in flight to one participant at a time. While all are out,
+    /// the calls that come due wait and leave together with the next one; with a slot free, a
+    /// call leaves at once, alone.
+    pub in_flight: usize,
+    /// Longest the calls wait for a slot: then they leave anyway, so a participant holding
+    /// some answers (or calls that hang until their timeout) cannot stall the rest.
+    pub max_wait: Duration,
+}
+
+impl Default for Batching {
+    fn default() -> Self {
+        Batching {
+            max_items: 32,
+            in_flight: 4,
+            max_wait: Duration::from_millis(5),
+        }
+    }
+}
+
+/// The second-phase calls the coordinator makes on its own schedule: the ones it may send
+/// together. A Try is the initiator's; a check-back waits on the initiator's transaction.
+fn batchable(action: i32) -> bool {
+    matches!(
+        BranchAction::try_from(action),
+        Ok(BranchAction::Confirm
+            | BranchAction::Cancel
+            | BranchAction::Action
+            | BranchAction::Compensate)
+    )
 }
 
 /// One lazily connected HTTP/2 channel per gRPC target (channels multiplex concurrent calls, so
@@ -48,6 +89,8 @@ pub struct Participants {
 /// made with one TLS configuration.
 struct Connections {
     clients: RwLock<HashMap<String, ParticipantClient<Channel>>>,
+    /// One per gRPC target that calls were batched to (see [`Lane`]).
+    lanes: Mutex<HashMap<String, Lane>>,
     http: OnceLock<Result<Client, String>>,
     /// For `https://` targets; `None`: they are not called.
     tls: Option<ClientTls>,
@@ -59,6 +102,7 @@ impl Connections {
     fn new(tls: Option<ClientTls>, allow: Arc<Allowlist>) -> Self {
         Connections {
             clients: RwLock::default(),
+            lanes: Mutex::default(),
             http: OnceLock::new(),
             tls,
             allow,
@@ -97,11 +141,12 @@ impl Connections {
 }
 
 impl Participants {
-    pub fn new(tls: Option<ClientTls>, allow: Arc<Allowlist>) -> Self {
+    pub fn new(tls: Option<ClientTls>, allow: Arc<Allowlist>, batching: Batching) -> Self {
         Participants {
             current: RwLock::new(Arc::new(Connections::new(tls, allow.clone()))),
             allow,
             signer: RwLock::new(None),
+            batching,
         }
     }
 
@@ -189,38 +234,23 @@ impl Participants {
         self.allow.check_addresses(&parsed, &addrs)
     }
 
-    /// The `dtx.v1.Participant/Branch` call; `Err` when it could not be sent.
+    /// The `dtx.v1.Participant/Branch` call, or a place in the target's next batch when the
+    /// call may be batched; `Err` when it could not be sent.
     async fn call_grpc(
         &self,
         target: &str,
         request: BranchRequest,
         sent: Sent,
     ) -> Result<Answer, String> {
-        let Sent {
-            trace,
-            token,
-            timeout,
-        } = sent;
-        let mut client = self.connections().client(target)?;
-        let mut request = tonic::Request::new(request);
-        request.set_timeout(timeout);
-        if let Some(trace) = trace {
-            trace.insert_into(request.metadata_mut());
+        let connections = self.connections();
+        let client = connections.client(target)?;
+        if self.batching.max_items > 1 && batchable(request.action) {
+            let lane = connections.lane(target, client.clone(), self.batching);
+            if let Some(lane) = lane {
+                return Ok(lane.send(request, sent).await);
+            }
         }
-        if let Some(token) = token {
-            let value = token
-                .parse()
-                .map_err(|_| "the call token is not ASCII".to_string())?;
-            request.metadata_mut().insert(auth::CALL_TOKEN, value);
-        }
-        // The grpc-timeout header asks the server to give up; this bounds our own wait too,
-        // including connection setup.
-        Ok(
-            match tokio::time::timeout(timeout, client.branch(request)).await {
-                Err(_) => Answer::Unknown(format!("no answer within {} ms", timeout.as_millis())),
-                Ok(result) => Answer::of_result(result),
-            },
-        )
+        single_call(client, request, sent).await
     }
 
     /// A JSON POST of the request to an HTTP participant. Its answer means what the same
@@ -271,6 +301,256 @@ impl Participants {
                 Err(_) => Answer::Unknown(format!("HTTP {status}")),
             }
         })
+    }
+}
+
+/// One `dtx.v1.Participant/Branch` call; `Err` when it could not be sent.
+async fn single_call(
+    mut client: ParticipantClient<Channel>,
+    request: BranchRequest,
+    sent: Sent,
+) -> Result<Answer, String> {
+    let Sent {
+        trace,
+        token,
+        timeout,
+    } = sent;
+    let mut request = tonic::Request::new(request);
+    request.set_timeout(timeout);
+    if let Some(trace) = trace {
+        trace.insert_into(request.metadata_mut());
+    }
+    if let Some(token) = token {
+        let value = token
+            .parse()
+            .map_err(|_| "the call token is not ASCII".to_string())?;
+        request.metadata_mut().insert(auth::CALL_TOKEN, value);
+    }
+    // The grpc-timeout header asks the server to give up; this bounds our own wait too,
+    // including connection setup.
+    Ok(
+        match tokio::time::timeout(timeout, client.branch(request)).await {
+            Err(_) => Answer::Unknown(format!("no answer within {} ms", timeout.as_millis())),
+            Ok(result) => Answer::of_result(result),
+        },
+    )
+}
+
+impl Connections {
+    /// The batching lane to `target`, made on first use; `None` once the participant showed
+    /// it takes no batches.
+    fn lane(
+        &self,
+        target: &str,
+        client: ParticipantClient<Channel>,
+        batching: Batching,
+    ) -> Option<Lane> {
+        let mut lanes = self.lanes.lock().expect("lanes lock");
+        let lane = lanes
+            .entry(target.to_string())
+            .or_insert_with(|| Lane::start(client, batching));
+        lane.support.batches().then(|| lane.clone())
+    }
+}
+
+/// How long a participant that answered a batch UNIMPLEMENTED gets single calls before a
+/// batch is tried again: the answer may have come from a replica mid-deploy or a proxy.
+const REPROBE_AFTER: Duration = Duration::from_secs(60);
+
+/// What a lane knows of its participant's `BranchBatch`.
+#[derive(Default)]
+struct Support(Mutex<Known>);
+
+#[derive(Default, Clone, Copy)]
+enum Known {
+    #[default]
+    Untried,
+    Taken,
+    Refused(Instant),
+}
+
+impl Support {
+    /// Whether calls may go in batches now (a refusal older than [`REPROBE_AFTER`] is
+    /// forgotten).
+    fn batches(&self) -> bool {
+        let mut known = self.0.lock().expect("support lock");
+        match *known {
+            Known::Refused(at) if at.elapsed() < REPROBE_AFTER => false,
+            Known::Refused(_) => {
+                *known = Known::Untried;
+                true
+            }
+            _ => true,
+        }
+    }
+
+    fn untried(&self) -> bool {
+        matches!(*self.0.lock().expect("support lock"), Known::Untried)
+    }
+
+    fn set(&self, to: Known) {
+        *self.0.lock().expect("support lock") = to;
+    }
+}
+
+/// The calls to one gRPC participant that may go together, and the task that sends them:
+/// `in_flight` sends at a time, each taking every call queued when it leaves (up to
+/// `max_items`). Coalescing adds no wait: a call that finds a slot free leaves at once; only
+/// calls that come due while every slot is out wait, for the first slot to come back or
+/// `max_wait`, whichever is first (then they leave without a slot). Dropped with its
+/// connections (a TLS reload); the task then sends what is queued and ends.
+#[derive(Clone)]
+struct Lane {
+    queue: mpsc::UnboundedSender<Queued>,
+    support: Arc<Support>,
+}
+
+/// A call waiting in a lane, with where its answer goes.
+struct Queued {
+    request: BranchRequest,
+    sent: Sent,
+    answer: oneshot::Sender<Result<Answer, String>>,
+}
+
+impl Lane {
+    fn start(client: ParticipantClient<Channel>, batching: Batching) -> Lane {
+        let (queue, mut waiting) = mpsc::unbounded_channel::<Queued>();
+        let support = Arc::new(Support::default());
+        let slots = Arc::new(Semaphore::new(batching.in_flight.max(1)));
+        let lane = Lane {
+            queue,
+            support: support.clone(),
+        };
+        tokio::spawn(async move {
+            while let Some(first) = waiting.recv().await {
+                let free = slots.clone().acquire_owned();
+                let slot = tokio::time::timeout(batching.max_wait, free).await.ok();
+                let mut calls = vec![first];
+                while calls.len() < batching.max_items {
+                    match waiting.try_recv() {
+                        Ok(call) => calls.push(call),
+                        Err(_) => break,
+                    }
+                }
+                let (client, support) = (client.clone(), support.clone());
+                tokio::spawn(async move {
+                    send_together(client, calls, &support).await;
+                    drop(slot);
+                });
+            }
+        });
+        lane
+    }
+
+    /// Queues the call and waits for its answer.
+    async fn send(&self, request: BranchRequest, sent: Sent) -> Answer {
+        let (answer, answered) = oneshot::channel();
+        let queued = Queued {
+            request,
+            sent,
+            answer,
+        };
+        if self.queue.send(queued).is_err() {
+            return Answer::Unknown("the participant's call queue is closed".into());
+        }
+        match answered.await {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(not_sent)) => Answer::Unknown(not_sent),
+            Err(_) => Answer::Unknown("the call was dropped before its answer".into()),
+        }
+    }
+}
+
+/// Sends calls as one `BranchBatch` (one call alone as a plain `Branch`) and hands each its
+/// own answer, classified exactly as a single call's would be. A batch answered UNIMPLEMENTED
+/// is sent again as single calls (safe whatever ran: the barrier answers a repeat), and so
+/// are the participant's later calls for [`REPROBE_AFTER`].
+async fn send_together(
+    mut client: ParticipantClient<Channel>,
+    mut calls: Vec<Queued>,
+    support: &Support,
+) {
+    if calls.len() == 1 {
+        let Queued {
+            request,
+            sent,
+            answer,
+        } = calls.pop().expect("one call");
+        let _ = answer.send(single_call(client, request, sent).await);
+        return;
+    }
+    let timeout = calls.iter().map(|c| c.sent.timeout).min().expect("calls");
+    let untried = support.untried();
+    let items = calls
+        .iter_mut()
+        .map(|call| {
+            // The batch has no metadata of its own per call: the attempt's trace context
+            // travels in the request's headers, as the stored one does.
+            if let Some(trace) = call.sent.trace
+                && (call.request.headers.len() < dtx_proto::limits::MAX_HEADERS
+                    || call.request.headers.contains_key(TRACEPARENT))
+            {
+                call.request
+                    .headers
+                    .insert(TRACEPARENT.to_string(), trace.to_string());
+            }
+            // Kept until the participant has shown it takes batches (it may send them back).
+            let request = if untried {
+                call.request.clone()
+            } else {
+                std::mem::take(&mut call.request)
+            };
+            BranchBatchItem {
+                request: Some(request),
+                call_token: call.sent.token.clone().unwrap_or_default(),
+            }
+        })
+        .collect();
+    let mut request = tonic::Request::new(BranchBatchRequest { items });
+    request.set_timeout(timeout);
+    let answered = tokio::time::timeout(timeout, client.branch_batch(request)).await;
+    let answers: Vec<Answer> = match answered {
+        Err(_) => vec![
+            Answer::Unknown(format!("no answer within {} ms", timeout.as_millis()));
+            calls.len()
+        ],
+        Ok(Err(status)) if status.code() == tonic::Code::Unimplemented => {
+            support.set(Known::Refused(Instant::now()));
+            let alone = calls.into_iter().map(|call| {
+                let client = client.clone();
+                async move {
+                    let _ = call
+                        .answer
+                        .send(single_call(client, call.request, call.sent).await);
+                }
+            });
+            futures::future::join_all(alone).await;
+            return;
+        }
+        Ok(Err(status)) => vec![Answer::of_status(&status); calls.len()],
+        Ok(Ok(response)) => {
+            support.set(Known::Taken);
+            let answers = response.into_inner().answers;
+            if answers.len() == calls.len() {
+                answers
+                    .into_iter()
+                    .map(|a| match tonic::Code::from_i32(a.code) {
+                        tonic::Code::Ok => Answer::of_response(a.response.unwrap_or_default()),
+                        code => Answer::of_status(&Status::new(code, a.message)),
+                    })
+                    .collect()
+            } else {
+                let seen = format!(
+                    "a batch of {} calls got {} answers",
+                    calls.len(),
+                    answers.len()
+                );
+                vec![Answer::Unknown(seen); calls.len()]
+            }
+        }
+    };
+    for (call, answer) in calls.into_iter().zip(answers) {
+        let _ = call.answer.send(Ok(answer));
     }
 }
 

@@ -413,6 +413,36 @@ class Transaction(_message.Message):
     last_error: str
     def __init__(self, xid: _Optional[str] = ..., kind: _Optional[_Union[TxKind, str]] = ..., status: _Optional[_Union[TxStatus, str]] = ..., decision: _Optional[str] = ..., deadline_unix_ms: _Optional[int] = ..., created_unix_ms: _Optional[int] = ..., updated_unix_ms: _Optional[int] = ..., branches: _Optional[_Iterable[_Union[Branch, _Mapping]]] = ..., last_error: _Optional[str] = ...) -> None: ...
 
+class BranchBatchRequest(_message.Message):
+    __slots__ = ("items",)
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[BranchBatchItem]
+    def __init__(self, items: _Optional[_Iterable[_Union[BranchBatchItem, _Mapping]]] = ...) -> None: ...
+
+class BranchBatchItem(_message.Message):
+    __slots__ = ("request", "call_token")
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
+    CALL_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    request: BranchRequest
+    call_token: str
+    def __init__(self, request: _Optional[_Union[BranchRequest, _Mapping]] = ..., call_token: _Optional[str] = ...) -> None: ...
+
+class BranchBatchResponse(_message.Message):
+    __slots__ = ("answers",)
+    ANSWERS_FIELD_NUMBER: _ClassVar[int]
+    answers: _containers.RepeatedCompositeFieldContainer[BranchBatchAnswer]
+    def __init__(self, answers: _Optional[_Iterable[_Union[BranchBatchAnswer, _Mapping]]] = ...) -> None: ...
+
+class BranchBatchAnswer(_message.Message):
+    __slots__ = ("code", "message", "response")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    code: int
+    message: str
+    response: BranchResponse
+    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ..., response: _Optional[_Union[BranchResponse, _Mapping]] = ...) -> None: ...
+
 class BranchRequest(_message.Message):
     __slots__ = ("xid", "branch_id", "action", "handler", "payload", "headers")
     class HeadersEntry(_message.Message):

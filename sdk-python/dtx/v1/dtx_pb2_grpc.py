@@ -604,6 +604,11 @@ class ParticipantStub:
                 request_serializer=dtx_dot_v1_dot_dtx__pb2.BranchRequest.SerializeToString,
                 response_deserializer=dtx_dot_v1_dot_dtx__pb2.BranchResponse.FromString,
                 _registered_method=True)
+        self.BranchBatch = channel.unary_unary(
+                '/dtx.v1.Participant/BranchBatch',
+                request_serializer=dtx_dot_v1_dot_dtx__pb2.BranchBatchRequest.SerializeToString,
+                response_deserializer=dtx_dot_v1_dot_dtx__pb2.BranchBatchResponse.FromString,
+                _registered_method=True)
 
 
 class ParticipantServicer:
@@ -633,6 +638,21 @@ class ParticipantServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def BranchBatch(self, request, context):
+        """Several branch calls in one: the coordinator sends them when more than one call to the
+        same participant is due at once (CONFIRM, CANCEL, ACTION and COMPENSATE of any
+        transactions; never TRY or CHECK_BACK). Each item means exactly what the same request sent
+        alone to Branch would, and gets the answer Branch would give it, in order: a participant
+        built with dtx-sdk runs the items in one local database transaction, each behind its own
+        barrier row, and commits once; an item whose handler errs makes the participant run every
+        item alone instead, so one item's error or refusal never changes another's answer. A
+        participant without this RPC answers UNIMPLEMENTED and gets single Branch calls.
+        The call token of each item is in the item (audience: this participant's target).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ParticipantServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -640,6 +660,11 @@ def add_ParticipantServicer_to_server(servicer, server):
                     servicer.Branch,
                     request_deserializer=dtx_dot_v1_dot_dtx__pb2.BranchRequest.FromString,
                     response_serializer=dtx_dot_v1_dot_dtx__pb2.BranchResponse.SerializeToString,
+            ),
+            'BranchBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.BranchBatch,
+                    request_deserializer=dtx_dot_v1_dot_dtx__pb2.BranchBatchRequest.FromString,
+                    response_serializer=dtx_dot_v1_dot_dtx__pb2.BranchBatchResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -673,6 +698,33 @@ class Participant:
             '/dtx.v1.Participant/Branch',
             dtx_dot_v1_dot_dtx__pb2.BranchRequest.SerializeToString,
             dtx_dot_v1_dot_dtx__pb2.BranchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BranchBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dtx.v1.Participant/BranchBatch',
+            dtx_dot_v1_dot_dtx__pb2.BranchBatchRequest.SerializeToString,
+            dtx_dot_v1_dot_dtx__pb2.BranchBatchResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -53,6 +53,9 @@ struct Args {
     /// Auth on: bearer tokens, signed branch calls the participant verifies.
     #[arg(long)]
     auth: bool,
+    /// The participant answers `BranchBatch` UNIMPLEMENTED (every call arrives alone).
+    #[arg(long)]
+    no_batches: bool,
     /// The coordinator binary (default: `test-coordinator` next to this one).
     #[arg(long)]
     coordinator_bin: Option<std::path::PathBuf>,
@@ -110,6 +113,7 @@ async fn main() {
         auth: args
             .auth
             .then(|| std::sync::Arc::new(dtx_tests::chaos::ChaosAuth::new())),
+        batches: !args.no_batches,
     };
     let report = match args.store.as_str() {
         "postgres" => run::<sqlx::Postgres>(config).await,
