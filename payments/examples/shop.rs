@@ -44,6 +44,12 @@ async fn wait_shipped(shipped: &mut tokio::sync::mpsc::UnboundedReceiver<String>
 
 /// The provider: signs `body` (now, or `age_s` seconds ago) and posts it.
 async fn provider_posts(url: &str, what: &str, body: &str, age_s: i64, tamper: bool) -> String {
+    if age_s != 0 {
+        // The shop names the skew in whole seconds: sign just after a second begins, so it
+        // checks the signature within the same second and prints the age as given.
+        let into_second = dtx_sql::now_ms().rem_euclid(1000) as u64;
+        tokio::time::sleep(Duration::from_millis(1005 - into_second)).await;
+    }
     let at = dtx_sql::now_ms() / 1000 - age_s;
     let signature = sign(SECRET, at, body.as_bytes());
     let sent = if tamper {
