@@ -99,6 +99,10 @@ struct Args {
     /// plain-text sweep: rows named `<workload>+auth`, against the same baselines.
     #[arg(long)]
     auth: bool,
+    /// Also run every workload with every branch call sent alone (`--branch-batch 1`), after
+    /// the plain-text sweep: rows named `<workload>-unbatched`, the A/B arm of batched calls.
+    #[arg(long)]
+    unbatched: bool,
     /// A few seconds per store to check the bench works (2 clients, 1 s per workload, 200
     /// transactions in flight); exits non-zero on any error.
     #[arg(long)]
@@ -260,6 +264,7 @@ async fn bench_store(args: &Args, store: Store, admin: &str) -> Result<StoreRepo
             security::Security::tls as fn() -> std::io::Result<_>,
         ),
         (args.auth, security::Security::auth),
+        (args.unbatched, security::Security::unbatched),
     ];
     for (_, secure) in sweeps.into_iter().filter(|(on, _)| *on) {
         let security = secure()?;
@@ -298,17 +303,23 @@ async fn bench_store(args: &Args, store: Store, admin: &str) -> Result<StoreRepo
     }
 
     let mut memory = Vec::new();
-    if args.memory_tx > 0 {
+    // With --unbatched, the memory figures of the unbatched arm too (`tcc-unbatched`).
+    let mut arms = vec![plain];
+    if args.unbatched {
+        arms.push(security::Security::unbatched()?);
+    }
+    for arm in arms.iter().filter(|_| args.memory_tx > 0) {
         for kind in ["saga", "tcc"] {
             // A fresh process: the figure is what in-flight work costs, not what earlier
             // sweeps left in the allocator.
-            let process = CoordinatorProcess::start(&db.store_url, &plain).await?;
+            let process = CoordinatorProcess::start(&db.store_url, arm).await?;
             let client = process.client().await?;
             let (n, noop) = (args.memory_tx, targets.noop.as_str());
+            let name: &'static str = Box::leak(format!("{kind}{}", arm.suffix()).into_boxed_str());
             let figure = if kind == "saga" {
-                memory::measure(kind, &process, &gate, n, 1, memory::saga(&client, noop)).await?
+                memory::measure(name, &process, &gate, n, 1, memory::saga(&client, noop)).await?
             } else {
-                memory::measure(kind, &process, &gate, n, 2, memory::tcc(&client, noop)).await?
+                memory::measure(name, &process, &gate, n, 2, memory::tcc(&client, noop)).await?
             };
             println!("{}", figure.line(store));
             memory.push(figure);

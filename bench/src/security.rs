@@ -1,7 +1,8 @@
-//! What a sweep turns on besides plain text and open doors (`--tls`, `--auth`): TLS and mTLS on
-//! every hop, and auth (the initiators' bearer token checked on every coordinator call, every
+//! What a sweep changes from the default one (`--tls`, `--auth`, `--unbatched`): TLS and mTLS on
+//! every hop, auth (the initiators' bearer token checked on every coordinator call, every
 //! branch call signed by the coordinator and verified by the participants before their
-//! barrier). Each is measured in a sweep of its own against the same baselines.
+//! barrier), or every branch call sent alone (the A/B arm of batched calls). Each is measured
+//! in a sweep of its own against the same baselines.
 
 use dtx_proto::auth::CallVerifier;
 use dtx_tests::auth::AuthKeys;
@@ -13,26 +14,36 @@ use crate::tls::BenchTls;
 pub struct Security {
     pub tls: Option<BenchTls>,
     pub auth: Option<BenchAuth>,
+    /// The coordinator sends every branch call alone (`--branch-batch 1`).
+    pub unbatched: bool,
 }
 
 impl Security {
     pub fn tls() -> std::io::Result<Security> {
         Ok(Security {
             tls: Some(BenchTls::new()?),
-            auth: None,
+            ..Security::default()
         })
     }
 
     pub fn auth() -> std::io::Result<Security> {
         Ok(Security {
-            tls: None,
             auth: Some(BenchAuth::new()?),
+            ..Security::default()
+        })
+    }
+
+    pub fn unbatched() -> std::io::Result<Security> {
+        Ok(Security {
+            unbatched: true,
+            ..Security::default()
         })
     }
 
     /// The suffix of the sweep's workload names (`saga+tls`, `saga+auth`).
     pub fn suffix(&self) -> &'static str {
         match (&self.tls, &self.auth) {
+            (None, None) if self.unbatched => "-unbatched",
             (None, None) => "",
             (Some(_), None) => "+tls",
             (None, Some(_)) => "+auth",
@@ -57,6 +68,9 @@ impl Security {
                 .map(|a| a.keys.flags())
                 .unwrap_or_default(),
         );
+        if self.unbatched {
+            flags.extend(["--branch-batch".to_string(), "1".to_string()]);
+        }
         flags
     }
 
