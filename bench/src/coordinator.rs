@@ -183,6 +183,11 @@ fn proc_status_kib(pid: u32, field: &str) -> Result<u64, Error> {
 pub fn serve(args: impl Iterator<Item = String>) -> Result<(), Error> {
     use clap::Parser;
     let config = dtx_coordinator::config::Config::parse_from(args);
+    // Written when the coordinator stops (SIGTERM): the heap at its peak, by allocation site.
+    #[cfg(feature = "dhat-heap")]
+    let _profiler = dhat::Profiler::builder()
+        .file_name(format!("dhat-heap-{}.json", std::process::id()))
+        .build();
     tokio::runtime::Runtime::new()?
         .block_on(dtx_coordinator::server::main(config))
         .map_err(|e| Error::Setup(format!("coordinator: {e}")))

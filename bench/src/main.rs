@@ -8,6 +8,11 @@
 // A measuring tool, not an API: the missing_docs lint is for the SDK crates.
 #![allow(missing_docs)]
 
+/// With `--features dhat-heap`, every allocation is tracked (see `coordinator::serve`).
+#[cfg(feature = "dhat-heap")]
+#[global_allocator]
+static ALLOC: dhat::Alloc = dhat::Alloc;
+
 mod baseline;
 mod coordinator;
 mod cpu;

@@ -76,13 +76,18 @@ impl StepRun {
         self.next_at_ms.is_some()
     }
 
+    /// The row keeps the step's identity and progress; its payload and headers, which the
+    /// step holds already and progress writes never carry, are dropped from it (every
+    /// transaction in flight would hold them twice, three times with the published view).
     pub fn new(
-        row: BranchRow,
+        mut row: BranchRow,
         forward_payload: Vec<u8>,
         settle_payload: Vec<u8>,
         headers: BTreeMap<String, String>,
         policy: RetryPolicy,
     ) -> Self {
+        row.payload = Vec::new();
+        row.headers = BTreeMap::new();
         StepRun {
             row,
             forward_payload,

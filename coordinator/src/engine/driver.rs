@@ -81,8 +81,7 @@ pub enum Ended {
 type Pending = FuturesUnordered<BoxFuture<'static, (usize, CallOutcome)>>;
 
 /// Operators' RetryNow requests (see [`Active::nudge`]).
-pub type Nudges =
-    tokio::sync::mpsc::UnboundedReceiver<(Entry, tokio::sync::oneshot::Sender<usize>)>;
+pub type Nudges = tokio::sync::mpsc::UnboundedReceiver<super::Nudge>;
 
 /// Drives `job` until it settles, is handed off, or ownership is lost.
 pub async fn drive(
@@ -156,7 +155,8 @@ pub async fn drive(
                     }
                 }
             }
-            Some((entry, reply)) = nudges.recv() => {
+            Some(nudge) = nudges.recv() => {
+                let (entry, reply) = *nudge;
                 reply.send(job.retry_now(entry)).ok();
             }
             _ = tokio::time::sleep_until(wake) => {}

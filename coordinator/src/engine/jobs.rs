@@ -47,13 +47,12 @@ impl Engine {
                             },
                             ..RetryPolicy::default()
                         };
-                        StepRun::new(
-                            b.clone(),
-                            Vec::new(),
-                            b.payload.clone(),
-                            b.headers.clone(),
-                            policy,
-                        )
+                        let mut row = b.clone();
+                        let (payload, headers) = (
+                            std::mem::take(&mut row.payload),
+                            std::mem::take(&mut row.headers),
+                        );
+                        StepRun::new(row, Vec::new(), payload, headers, policy)
                     })
                     .collect::<Vec<_>>();
                 (Graph::independent(steps.len()), steps)

@@ -196,7 +196,7 @@ impl Engine {
         if let Some(active) = self.active(xid) {
             let entry = by.entry(now, "retry now", None);
             let (reply, done) = tokio::sync::oneshot::channel();
-            if active.nudge.send((entry, reply)).is_ok()
+            if active.nudge.send(Box::new((entry, reply))).is_ok()
                 && let Ok(retried) = done.await
             {
                 return Ok(if retried > 0 {

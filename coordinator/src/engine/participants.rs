@@ -200,19 +200,32 @@ impl Participants {
             tracing::warn!(parent: &span, target = %target, "{refused}");
             return CallOutcome::NotSent(refused);
         }
-        let answer = async {
-            let token = self.sign(&target, auth::Call::of(&request))?;
-            let sent = Sent {
-                trace,
-                token,
-                timeout,
-            };
-            match transport_of(&target) {
-                Transport::Grpc => self.call_grpc(&target, request, sent).await,
-                Transport::HttpJson => self.call_http(&target, request, sent).await,
-            }
+        let token = match self.sign(&target, auth::Call::of(&request)) {
+            Ok(token) => token,
+            Err(not_sent) => return CallOutcome::NotSent(not_sent),
         };
-        match tracing::Instrument::instrument(answer, span).await {
+        let sent = Sent {
+            trace,
+            token,
+            timeout,
+        };
+        // Routed before anything more is awaited, and the calls of their own boxed: a call
+        // waiting in a batching lane holds only the receiver of its answer, not room for a
+        // whole client call (every call in flight costs what its future holds).
+        use tracing::Instrument;
+        let answer = match transport_of(&target) {
+            Transport::HttpJson => {
+                Box::pin(self.call_http(&target, request, sent).instrument(span)).await
+            }
+            Transport::Grpc => match self.route(&target, request.action) {
+                Err(not_sent) => Err(not_sent),
+                Ok(Route::Lane(lane)) => Ok(Lane::answer(lane.queue(request, sent)).await),
+                Ok(Route::Alone(client)) => {
+                    Box::pin(single_call(client, request, sent).instrument(span)).await
+                }
+            },
+        };
+        match answer {
             Err(not_sent) => CallOutcome::NotSent(not_sent),
             Ok(Answer::Success(result)) => CallOutcome::Success(result),
             Ok(Answer::Refused(reason)) => CallOutcome::Failure(reason),
@@ -234,23 +247,18 @@ impl Participants {
         self.allow.check_addresses(&parsed, &addrs)
     }
 
-    /// The `dtx.v1.Participant/Branch` call, or a place in the target's next batch when the
-    /// call may be batched; `Err` when it could not be sent.
-    async fn call_grpc(
-        &self,
-        target: &str,
-        request: BranchRequest,
-        sent: Sent,
-    ) -> Result<Answer, String> {
+    /// How a `dtx.v1.Participant/Branch` call to `target` goes: a place in the target's next
+    /// batch when the call may be batched, else alone; `Err` when it cannot be sent.
+    fn route(&self, target: &str, action: i32) -> Result<Route, String> {
         let connections = self.connections();
         let client = connections.client(target)?;
-        if self.batching.max_items > 1 && batchable(request.action) {
-            let lane = connections.lane(target, client.clone(), self.batching);
-            if let Some(lane) = lane {
-                return Ok(lane.send(request, sent).await);
-            }
-        }
-        single_call(client, request, sent).await
+        let lane = (self.batching.max_items > 1 && batchable(action))
+            .then(|| connections.lane(target, &client, self.batching))
+            .flatten();
+        Ok(match lane {
+            Some(lane) => Route::Lane(lane),
+            None => Route::Alone(client),
+        })
     }
 
     /// A JSON POST of the request to an HTTP participant. Its answer means what the same
@@ -304,6 +312,12 @@ impl Participants {
     }
 }
 
+/// How one gRPC call goes: in the target's batching lane, or alone on the client.
+enum Route {
+    Lane(Lane),
+    Alone(ParticipantClient<Channel>),
+}
+
 /// One `dtx.v1.Participant/Branch` call; `Err` when it could not be sent.
 async fn single_call(
     mut client: ParticipantClient<Channel>,
@@ -342,13 +356,16 @@ impl Connections {
     fn lane(
         &self,
         target: &str,
-        client: ParticipantClient<Channel>,
+        client: &ParticipantClient<Channel>,
         batching: Batching,
     ) -> Option<Lane> {
         let mut lanes = self.lanes.lock().expect("lanes lock");
-        let lane = lanes
-            .entry(target.to_string())
-            .or_insert_with(|| Lane::start(client, batching));
+        let lane = match lanes.get(target) {
+            Some(lane) => lane,
+            None => lanes
+                .entry(target.to_string())
+                .or_insert_with(|| Lane::start(client.clone(), batching)),
+        };
         lane.support.batches().then(|| lane.clone())
     }
 }
@@ -442,17 +459,25 @@ impl Lane {
         lane
     }
 
-    /// Queues the call and waits for its answer.
-    async fn send(&self, request: BranchRequest, sent: Sent) -> Answer {
+    /// Queues the call; its answer comes on the receiver.
+    fn queue(
+        &self,
+        request: BranchRequest,
+        sent: Sent,
+    ) -> oneshot::Receiver<Result<Answer, String>> {
         let (answer, answered) = oneshot::channel();
         let queued = Queued {
             request,
             sent,
             answer,
         };
-        if self.queue.send(queued).is_err() {
-            return Answer::Unknown("the participant's call queue is closed".into());
-        }
+        // A closed queue drops the call, and its receiver says so.
+        let _ = self.queue.send(queued);
+        answered
+    }
+
+    /// The answer of a queued call.
+    async fn answer(answered: oneshot::Receiver<Result<Answer, String>>) -> Answer {
         match answered.await {
             Ok(Ok(answer)) => answer,
             Ok(Err(not_sent)) => Answer::Unknown(not_sent),
