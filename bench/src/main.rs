@@ -314,7 +314,8 @@ async fn bench_store(args: &Args, store: Store, admin: &str) -> Result<StoreRepo
         arms.push(security::Security::unbatched()?);
     }
     for arm in arms.iter().filter(|_| args.memory_tx > 0) {
-        for kind in ["saga", "tcc"] {
+        // `tcc-nowait`: the clients commit without waiting for phase two.
+        for kind in ["saga", "tcc", "tcc-nowait"] {
             // A fresh process: the figure is what in-flight work costs, not what earlier
             // sweeps left in the allocator.
             let process = CoordinatorProcess::start(&db.store_url, arm).await?;
@@ -324,7 +325,9 @@ async fn bench_store(args: &Args, store: Store, admin: &str) -> Result<StoreRepo
             let figure = if kind == "saga" {
                 memory::measure(name, &process, &gate, n, 1, memory::saga(&client, noop)).await?
             } else {
-                memory::measure(name, &process, &gate, n, 2, memory::tcc(&client, noop)).await?
+                let wait = kind == "tcc";
+                let start = memory::tcc(&client, noop, wait);
+                memory::measure(name, &process, &gate, n, 2, start).await?
             };
             println!("{}", figure.line(store));
             memory.push(figure);

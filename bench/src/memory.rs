@@ -3,6 +3,7 @@
 
 use std::time::{Duration, Instant};
 
+use dtx_proto::v1::TxStatus;
 use dtx_sdk::client::{Coordinator, RetryPolicy, SagaStep, TccOptions};
 use serde::Serialize;
 
@@ -113,20 +114,33 @@ pub fn saga(client: &Coordinator, noop: &str) -> impl Fn() -> Transaction {
 
 /// A committed two-branch TCC transaction whose Confirms the participant holds (the client
 /// waits for phase two).
-pub fn tcc(client: &Coordinator, noop: &str) -> impl Fn() -> Transaction {
+pub fn tcc(client: &Coordinator, noop: &str, wait: bool) -> impl Fn() -> Transaction {
     let options = TccOptions {
         call_timeout: HOLD_TIMEOUT,
         timeout: HOLD_TIMEOUT * 2,
         ..workload::tcc_options()
+    };
+    // Without waiting, Commit returns once the decision is durable: the coordinator holds the
+    // transactions, not the clients' calls.
+    let options = TccOptions {
+        wait_phase_two: options.wait_phase_two.filter(|_| wait),
+        ..options
     };
     move || {
         let (client, noop, options) = (client.clone(), noop.to_string(), options.clone());
         tokio::spawn(async move {
             let tx = client.begin(options).await.map_err(|e| e.to_string())?;
             workload::try_two(&tx, &noop, HOLD).await?;
-            workload::decide(&tx, true)
-                .await
-                .map_err(|e| format!("decide: {e}"))
+            if wait {
+                return workload::decide(&tx, true)
+                    .await
+                    .map_err(|e| format!("decide: {e}"));
+            }
+            // Decided and durable; the Confirms are still held.
+            match tx.commit().await.map_err(|e| format!("commit: {e}"))? {
+                TxStatus::Committing | TxStatus::Committed => Ok(()),
+                other => Err(format!("{} ended {}", tx.xid(), other.as_str_name())),
+            }
         })
     }
 }
