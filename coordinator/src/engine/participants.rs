@@ -612,3 +612,22 @@ fn attempt_span(span: &tracing::Span, stored: TraceParent) -> TraceParent {
     }
     stored.child()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refused_batch_gets_single_calls_until_the_refusal_is_old_then_a_batch_again() {
+        let support = Support::default();
+        assert!(support.batches() && support.untried());
+        support.set(Known::Refused(Instant::now()));
+        assert!(!support.batches(), "just refused: single calls");
+        let old = Instant::now() - REPROBE_AFTER - Duration::from_millis(1);
+        support.set(Known::Refused(old));
+        assert!(support.batches(), "an old refusal is forgotten");
+        assert!(support.untried(), "the next batch probes again");
+        support.set(Known::Taken);
+        assert!(support.batches() && !support.untried());
+    }
+}
